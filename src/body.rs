@@ -1,0 +1,107 @@
+//! The one response/request body type of the proxy, and the data chunk it
+//! carries. A [`Chunk`] can hold a pending-bytes guard, so the metrics know
+//! how many bytes subscribers' connections hold but have not yet written.
+
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+
+use crate::metrics::Metrics;
+
+/// Any error a body can yield.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of every response the proxy writes and every request it sends.
+pub type Body = UnsyncBoxBody<Chunk, BoxError>;
+
+/// A chunk of body data: shared [`Bytes`], plus an optional guard that counts
+/// it as pending in the metrics until the connection has written (dropped) it.
+pub struct Chunk {
+    bytes: Bytes,
+    _pending: Option<Pending>,
+}
+
+impl Chunk {
+    /// A chunk that is not counted.
+    pub fn plain(bytes: Bytes) -> Chunk {
+        Chunk {
+            bytes,
+            _pending: None,
+        }
+    }
+
+    /// A chunk counted in `braid_proxy_subscriber_pending_bytes` until dropped.
+    pub fn counted(bytes: Bytes, metrics: &Arc<Metrics>) -> Chunk {
+        let pending = Pending::new(bytes.len(), metrics);
+        Chunk {
+            bytes,
+            _pending: Some(pending),
+        }
+    }
+}
+
+impl From<Bytes> for Chunk {
+    fn from(bytes: Bytes) -> Chunk {
+        Chunk::plain(bytes)
+    }
+}
+
+impl Buf for Chunk {
+    fn remaining(&self) -> usize {
+        self.bytes.remaining()
+    }
+    fn chunk(&self) -> &[u8] {
+        self.bytes.chunk()
+    }
+    fn advance(&mut self, cnt: usize) {
+        self.bytes.advance(cnt)
+    }
+}
+
+struct Pending {
+    len: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Pending {
+    fn new(len: usize, metrics: &Arc<Metrics>) -> Pending {
+        metrics.pending_add(len);
+        Pending {
+            len,
+            metrics: metrics.clone(),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.metrics.pending_sub(self.len);
+    }
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::<Chunk>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A body of the given bytes.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(Chunk::plain(bytes.into()))
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// Wraps any body of `Bytes` (such as hyper's `Incoming`) without buffering it.
+pub fn stream<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_frame(|f| f.map_data(Chunk::plain))
+        .map_err(Into::into)
+        .boxed_unsync()
+}

@@ -1,0 +1,548 @@
+//! Configuration: command-line flags and an optional TOML file merged into
+//! one validated [`Config`]. Every key of the file has the name of its flag
+//! (without the leading `--`); flags override the file. Errors name the key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use http::Uri;
+
+/// A configuration error; the message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("config file {path}: unknown key `{key}`")]
+    UnknownKey { path: PathBuf, key: String },
+    #[error("invalid value for `{key}`: {reason}")]
+    Value { key: &'static str, reason: String },
+}
+
+/// The command line. Every value is optional here so that the config file
+/// can supply it; defaults live in [`Config::default`].
+#[derive(Debug, Default, Parser)]
+#[command(
+    name = "braid-proxy",
+    version,
+    about = "A reverse proxy that serves a plain REST origin's resources as Braid-HTTP subscriptions.",
+    long_about = "A reverse proxy that serves a plain REST origin's resources as Braid-HTTP \
+subscriptions. Without --upstream it starts an embedded demo origin.\n\n\
+Durations accept `250ms`, `1s`, `2m`, `1h` or a bare number of seconds; sizes accept \
+`512`, `64KiB`, `16MiB`, `1GiB`. RUST_LOG sets the log filter (default: info, one access-log \
+line per request)."
+)]
+pub struct Args {
+    /// Address to listen on for clients [default: 127.0.0.1:8080]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The origin, e.g. http://127.0.0.1:9000 or http://127.0.0.1:9000/api. Without it, an embedded demo origin is started
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Address of the operations listener (/metrics, /healthz, /readyz, POST /refresh?path=) [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// TOML file with the same keys as these flags; flags override it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Timeout for connecting to the upstream [default: 5s]
+    #[arg(long, value_name = "DURATION")]
+    pub connect_timeout: Option<String>,
+    /// Timeout for the upstream's response headers [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub response_timeout: Option<String>,
+    /// Time a client has to send its request headers [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pub header_read_timeout: Option<String>,
+    /// Largest request header block accepted; larger gets 431 [default: 16KiB]
+    #[arg(long, value_name = "SIZE")]
+    pub max_header_bytes: Option<String>,
+    /// Most request headers accepted; more gets 431 [default: 100]
+    #[arg(long, value_name = "N")]
+    pub max_headers: Option<String>,
+    /// How long in-flight requests may take to finish on shutdown [default: 10s]
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_grace: Option<String>,
+    /// Interval between conditional polls of a subscribed resource [default: 1s]
+    #[arg(long, value_name = "DURATION")]
+    pub poll_interval: Option<String>,
+    /// Updates kept per resource for resuming subscribers [default: 256]
+    #[arg(long, value_name = "N")]
+    pub history_len: Option<String>,
+    /// Bytes of history kept by all resources together [default: 64MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub history_bytes: Option<String>,
+    /// Default heartbeat interval on subscriptions, 0 = off [default: 25s]
+    #[arg(long, value_name = "DURATION")]
+    pub heartbeat: Option<String>,
+    /// Most subscriptions at once; more get 503 [default: 100000]
+    #[arg(long, value_name = "N")]
+    pub max_subscriptions: Option<String>,
+    /// Most subscriptions to one resource; more get 503 [default: 100000]
+    #[arg(long, value_name = "N")]
+    pub max_subscriptions_per_resource: Option<String>,
+    /// Origin allowed by CORS; repeatable; `*` allows any
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// How long a resource nobody subscribes to is kept [default: 30s]
+    #[arg(long, value_name = "DURATION")]
+    pub resource_idle: Option<String>,
+    /// Largest origin body the proxy tracks versions of [default: 16MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub max_body_bytes: Option<String>,
+    /// Time budget of one diff; over it a snapshot is stored [default: 50ms]
+    #[arg(long, value_name = "DURATION")]
+    pub diff_timeout: Option<String>,
+    /// Store a snapshot when patches exceed this fraction of the new body [default: 0.5]
+    #[arg(long, value_name = "FRACTION")]
+    pub snapshot_ratio: Option<String>,
+    /// This proxy's id in Via headers, used to detect loops [default: braid-proxy-<hostname>]
+    #[arg(long, value_name = "ID")]
+    pub proxy_id: Option<String>,
+}
+
+/// The configured upstream: scheme, authority and an optional path prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// `host:port` as written in the URL.
+    pub authority: http::uri::Authority,
+    /// Path prefix without a trailing slash; empty for none.
+    pub prefix: String,
+}
+
+impl Upstream {
+    /// Parses `http://host:port[/prefix]`.
+    pub fn parse(s: &str) -> Result<Upstream, String> {
+        let uri: Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => return Err(format!("scheme `{other}` is not supported, use http")),
+            None => return Err("the URL needs a scheme, e.g. http://127.0.0.1:9000".into()),
+        }
+        let authority = uri.authority().cloned().ok_or("the URL needs a host")?;
+        if uri.query().is_some() {
+            return Err("the URL must not have a query".into());
+        }
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(Upstream { authority, prefix })
+    }
+
+    /// The upstream URI for a request's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        Uri::builder()
+            .scheme("http")
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.prefix, path_and_query))
+            .build()
+    }
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// `None` means: start the embedded demo origin.
+    pub upstream: Option<Upstream>,
+    pub admin_listen: Option<SocketAddr>,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub shutdown_grace: Duration,
+    pub poll_interval: Duration,
+    pub history_len: usize,
+    pub history_bytes: u64,
+    /// Zero turns default heartbeats off.
+    pub heartbeat: Duration,
+    pub max_subscriptions: usize,
+    pub max_subscriptions_per_resource: usize,
+    pub cors_origins: Vec<String>,
+    pub resource_idle: Duration,
+    pub max_body_bytes: usize,
+    pub diff_timeout: Duration,
+    pub snapshot_ratio: f64,
+    pub proxy_id: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: None,
+            admin_listen: None,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            shutdown_grace: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+            history_len: 256,
+            history_bytes: 64 * 1024 * 1024,
+            heartbeat: Duration::from_secs(25),
+            max_subscriptions: 100_000,
+            max_subscriptions_per_resource: 100_000,
+            cors_origins: Vec::new(),
+            resource_idle: Duration::from_secs(30),
+            max_body_bytes: 16 * 1024 * 1024,
+            diff_timeout: Duration::from_millis(50),
+            snapshot_ratio: 0.5,
+            proxy_id: default_proxy_id(),
+        }
+    }
+}
+
+/// A stable per-host id: `braid-proxy-<hostname>`, reduced to Via-token characters.
+fn default_proxy_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .unwrap_or_default();
+    let host: String = host
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        .take(64)
+        .collect();
+    if host.is_empty() {
+        "braid-proxy".to_string()
+    } else {
+        format!("braid-proxy-{host}")
+    }
+}
+
+impl Config {
+    /// Builds the configuration from parsed flags, reading `--config` if given.
+    pub fn from_args(args: Args) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        if let Some(path) = &args.config {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            config.apply_toml(path, &text)?;
+        }
+        config.apply_args(args)?;
+        Ok(config)
+    }
+
+    /// Applies a TOML document; each key is validated by the same parser as its flag.
+    pub fn apply_toml(&mut self, path: &Path, text: &str) -> Result<(), ConfigError> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::File {
+                path: path.to_path_buf(),
+                reason: e.message().to_string(),
+            })?;
+        for (key, value) in table {
+            let Some(key) = KEYS.iter().copied().find(|k| *k == key) else {
+                return Err(ConfigError::UnknownKey {
+                    path: path.to_path_buf(),
+                    key,
+                });
+            };
+            if key == "cors-origin" {
+                let list = match value {
+                    toml::Value::String(s) => vec![s],
+                    toml::Value::Array(items) => items
+                        .into_iter()
+                        .map(|v| match v {
+                            toml::Value::String(s) => Ok(s),
+                            other => Err(bad(key, format!("expected a string, got {other}"))),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    other => {
+                        return Err(bad(key, format!("expected a list of strings, got {other}")))
+                    }
+                };
+                self.cors_origins = validate_cors(list)?;
+                continue;
+            }
+            let text = match value {
+                toml::Value::String(s) => s,
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => {
+                    return Err(bad(
+                        key,
+                        format!("expected a string or a number, got {other}"),
+                    ))
+                }
+            };
+            self.set(key, &text)?;
+        }
+        Ok(())
+    }
+
+    fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
+        let pairs: [(&'static str, Option<String>); 21] = [
+            ("listen", args.listen),
+            ("upstream", args.upstream),
+            ("admin-listen", args.admin_listen),
+            ("connect-timeout", args.connect_timeout),
+            ("response-timeout", args.response_timeout),
+            ("header-read-timeout", args.header_read_timeout),
+            ("max-header-bytes", args.max_header_bytes),
+            ("max-headers", args.max_headers),
+            ("shutdown-grace", args.shutdown_grace),
+            ("poll-interval", args.poll_interval),
+            ("history-len", args.history_len),
+            ("history-bytes", args.history_bytes),
+            ("heartbeat", args.heartbeat),
+            ("max-subscriptions", args.max_subscriptions),
+            (
+                "max-subscriptions-per-resource",
+                args.max_subscriptions_per_resource,
+            ),
+            ("resource-idle", args.resource_idle),
+            ("max-body-bytes", args.max_body_bytes),
+            ("diff-timeout", args.diff_timeout),
+            ("snapshot-ratio", args.snapshot_ratio),
+            ("proxy-id", args.proxy_id),
+            ("config", None),
+        ];
+        for (key, value) in pairs {
+            if let Some(value) = value {
+                self.set(key, &value)?;
+            }
+        }
+        if !args.cors_origin.is_empty() {
+            self.cors_origins = validate_cors(args.cors_origin)?;
+        }
+        Ok(())
+    }
+
+    /// Sets one key from its textual value.
+    pub fn set(&mut self, key: &'static str, v: &str) -> Result<(), ConfigError> {
+        let e = |reason: String| bad(key, reason);
+        match key {
+            "listen" => self.listen = parse_addr(v).map_err(e)?,
+            "upstream" => self.upstream = Some(Upstream::parse(v).map_err(e)?),
+            "admin-listen" => self.admin_listen = Some(parse_addr(v).map_err(e)?),
+            "connect-timeout" => {
+                self.connect_timeout = positive(parse_duration(v).map_err(e)?, key)?
+            }
+            "response-timeout" => {
+                self.response_timeout = positive(parse_duration(v).map_err(e)?, key)?
+            }
+            "header-read-timeout" => {
+                self.header_read_timeout = positive(parse_duration(v).map_err(e)?, key)?
+            }
+            "max-header-bytes" => {
+                self.max_header_bytes = in_range(parse_size(v).map_err(e)?, 1024, 1 << 20, key)?
+            }
+            "max-headers" => {
+                self.max_headers = in_range(parse_count(v).map_err(e)?, 1, 10_000, key)?
+            }
+            "shutdown-grace" => self.shutdown_grace = parse_duration(v).map_err(e)?,
+            "poll-interval" => self.poll_interval = positive(parse_duration(v).map_err(e)?, key)?,
+            "history-len" => {
+                self.history_len = in_range(parse_count(v).map_err(e)?, 1, 1 << 20, key)?
+            }
+            "history-bytes" => self.history_bytes = parse_size(v).map_err(e)? as u64,
+            "heartbeat" => self.heartbeat = parse_duration(v).map_err(e)?,
+            "max-subscriptions" => self.max_subscriptions = parse_count(v).map_err(e)?,
+            "max-subscriptions-per-resource" => {
+                self.max_subscriptions_per_resource = parse_count(v).map_err(e)?
+            }
+            "resource-idle" => self.resource_idle = parse_duration(v).map_err(e)?,
+            "max-body-bytes" => {
+                self.max_body_bytes = in_range(parse_size(v).map_err(e)?, 1, 1 << 32, key)?
+            }
+            "diff-timeout" => self.diff_timeout = positive(parse_duration(v).map_err(e)?, key)?,
+            "snapshot-ratio" => {
+                let r: f64 = v
+                    .trim()
+                    .parse()
+                    .map_err(|_| e(format!("`{v}` is not a number")))?;
+                if !(r > 0.0 && r <= 1.0) {
+                    return Err(e(format!("{r} is not in (0, 1]")));
+                }
+                self.snapshot_ratio = r;
+            }
+            "proxy-id" => {
+                let ok = !v.is_empty()
+                    && v.len() <= 128
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+                if !ok {
+                    return Err(e("use 1 to 128 of A-Z a-z 0-9 - . _".into()));
+                }
+                self.proxy_id = v.to_string();
+            }
+            "config" => return Err(e("`config` cannot be set from a config file".into())),
+            _ => return Err(e("unknown key".into())),
+        }
+        Ok(())
+    }
+}
+
+/// Every key a config file may hold.
+const KEYS: &[&str] = &[
+    "listen",
+    "upstream",
+    "admin-listen",
+    "connect-timeout",
+    "response-timeout",
+    "header-read-timeout",
+    "max-header-bytes",
+    "max-headers",
+    "shutdown-grace",
+    "poll-interval",
+    "history-len",
+    "history-bytes",
+    "heartbeat",
+    "max-subscriptions",
+    "max-subscriptions-per-resource",
+    "cors-origin",
+    "resource-idle",
+    "max-body-bytes",
+    "diff-timeout",
+    "snapshot-ratio",
+    "proxy-id",
+];
+
+fn bad(key: &'static str, reason: String) -> ConfigError {
+    ConfigError::Value { key, reason }
+}
+
+fn positive(d: Duration, key: &'static str) -> Result<Duration, ConfigError> {
+    if d.is_zero() {
+        Err(bad(key, "must be more than zero".into()))
+    } else {
+        Ok(d)
+    }
+}
+
+fn in_range(n: usize, lo: usize, hi: usize, key: &'static str) -> Result<usize, ConfigError> {
+    if n < lo || n > hi {
+        Err(bad(key, format!("{n} is not between {lo} and {hi}")))
+    } else {
+        Ok(n)
+    }
+}
+
+fn validate_cors(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    for origin in &list {
+        let ok = origin == "*"
+            || ((origin.starts_with("http://") || origin.starts_with("https://"))
+                && origin.parse::<Uri>().is_ok()
+                && !origin
+                    .trim_start_matches("https://")
+                    .trim_start_matches("http://")
+                    .contains('/'));
+        if !ok {
+            return Err(bad(
+                "cors-origin",
+                format!("`{origin}` is not `*` or an origin like https://example.com"),
+            ));
+        }
+    }
+    Ok(list)
+}
+
+/// Parses `host:port`; `localhost` is taken as 127.0.0.1.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    let t = match t.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => t.to_string(),
+    };
+    t.parse()
+        .map_err(|_| format!("`{s}` is not an address like 127.0.0.1:8080"))
+}
+
+/// Parses `250ms`, `1.5s`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (t, 1.0)
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (try 250ms, 1s, 2m)"))?;
+    let secs = n * scale;
+    if !secs.is_finite() || secs < 0.0 || secs > 30.0 * 86400.0 {
+        return Err(format!("`{s}` is out of range (0 to 30 days)"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `512`, `64KiB`, `16MiB`, `1GiB` (also KB/MB/GB, taken as powers of 1000).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let units: [(&str, u64); 7] = [
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("KB", 1000),
+        ("MB", 1_000_000),
+        ("GB", 1_000_000_000),
+        ("B", 1),
+    ];
+    let (num, scale) = units
+        .iter()
+        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((t, 1));
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (try 512, 64KiB, 16MiB)"))?;
+    n.checked_mul(scale)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert_eq!(parse_size("1KB"), Ok(1000));
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn upstream_urls() {
+        let u = Upstream::parse("http://127.0.0.1:9000/api/").unwrap();
+        assert_eq!(u.prefix, "/api");
+        assert_eq!(
+            u.uri_for("/x?y=1").unwrap().to_string(),
+            "http://127.0.0.1:9000/api/x?y=1"
+        );
+        assert!(Upstream::parse("https://example.com").is_err());
+        assert!(Upstream::parse("127.0.0.1:9000").is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! Every error the proxy answers a client with, mapped to a status and a
+//! one-line plain-text reason in one place ([`Refusal::into_response`]).
+
+use std::time::Duration;
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::{self, Body};
+
+/// Why a request is answered by the proxy itself with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A malformed request: the message names what was wrong.
+    #[error("{0}")]
+    BadRequest(String),
+    /// An absolute-form request URI naming a host other than this proxy.
+    #[error("absolute-form request for another host: this is a reverse proxy, not an open proxy")]
+    ForeignHost,
+    #[error("CONNECT is not supported: this is a reverse proxy, not an open proxy")]
+    Connect,
+    #[error("{0}")]
+    HeadersTooLarge(String),
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    #[error("upstream error: {0}")]
+    UpstreamBroken(String),
+    #[error("upstream timed out after {0:?} waiting for a response")]
+    UpstreamTimeout(Duration),
+    #[error("{reason}")]
+    Unavailable {
+        reason: String,
+        retry_after: Duration,
+    },
+    #[error("loop detected: this proxy ({0}) is already in Via")]
+    Loop(String),
+    #[error("not found")]
+    NotFound,
+    #[error("method not allowed")]
+    MethodNotAllowed(&'static str),
+}
+
+impl Refusal {
+    /// The status this refusal is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::BadRequest(_) | Refusal::ForeignHost => StatusCode::BAD_REQUEST,
+            Refusal::Connect | Refusal::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Refusal::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Refusal::UpstreamUnreachable(_) | Refusal::UpstreamBroken(_) => StatusCode::BAD_GATEWAY,
+            Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Loop(_) => StatusCode::LOOP_DETECTED,
+            Refusal::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
+
+    /// A response with the status and a one-line `text/plain` reason.
+    pub fn into_response(self) -> Response<Body> {
+        let status = self.status();
+        let mut response = Response::new(body::full(format!("{self}\n")));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        match self {
+            Refusal::Unavailable { retry_after, .. } => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after.as_secs().max(1)),
+                );
+            }
+            Refusal::Connect => {
+                headers.insert(
+                    header::ALLOW,
+                    HeaderValue::from_static("GET, HEAD, PUT, POST, PATCH, DELETE, OPTIONS"),
+                );
+            }
+            Refusal::MethodNotAllowed(allow) => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+/// Describes a hyper client error in a few words, walking its sources.
+pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}

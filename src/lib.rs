@@ -1,0 +1,27 @@
+//! braid-proxy: a reverse proxy that serves a plain REST origin's resources
+//! as Braid-HTTP subscriptions.
+//!
+//! The layout follows the path of one update:
+//!
+//! - [`config`]: flags and TOML into one validated [`config::Config`].
+//! - [`server`]: listeners, connections, HTTP/1.1 + h2c, graceful shutdown.
+//! - [`router`]: the request pipeline: filter, Braid side or pass-through, access log.
+//! - [`proxy`]: pass-through proxying to the one configured upstream.
+//! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
+//! - [`diff`]: old body + new body → patches.
+//! - [`admin`]: metrics, health, and the refresh hook.
+//! - [`demo`]: the embedded demo origin.
+//! - [`error`]: every refusal mapped to a status and a one-line reason.
+//! - [`body`], [`metrics`]: the body type and the counters.
+
+pub mod admin;
+pub mod body;
+pub mod braid;
+pub mod config;
+pub mod demo;
+pub mod diff;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod router;
+pub mod server;

@@ -1,0 +1,84 @@
+//! The `braid-proxy` binary: parse the configuration, set up logging,
+//! handle signals, and run the library's server.
+
+use std::process::ExitCode;
+
+use braid_proxy::config::{Args, Config, Upstream};
+use braid_proxy::server::Server;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match Config::from_args(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("braid-proxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("braid-proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("braid-proxy: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let demo = config.upstream.is_none();
+    if demo {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(braid_proxy::demo::serve(listener));
+        config.upstream = Some(Upstream::parse(&format!("http://{addr}"))?);
+    }
+    let server = Server::bind(config.clone())
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = server.local_addr()?;
+    println!("braid-proxy listening on http://{addr}");
+    if let Some(admin) = server.admin_addr() {
+        println!("braid-proxy admin listening on http://{admin}");
+    }
+    if demo {
+        println!("demo origin (plain REST) started; open http://{addr}/ in a browser, or try:");
+        println!("  curl -N -H 'Subscribe: true' http://{addr}/clock");
+        println!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
+    } else if let Some(upstream) = &config.upstream {
+        println!("proxying {upstream}");
+    }
+    server.run(shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,126 @@
+//! Counters and gauges, exposed in Prometheus text format on the admin listener.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// Process-wide (per proxy instance) counters. Cheap to update from any task.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests_total: AtomicU64,
+    pub upstream_requests_total: AtomicU64,
+    pub upstream_errors_total: AtomicU64,
+    pub subscriptions: AtomicI64,
+    pub subscriptions_total: AtomicU64,
+    pub subscriptions_rejected_total: AtomicU64,
+    pub resources: AtomicI64,
+    pub history_bytes: AtomicI64,
+    pub subscriber_pending_bytes: AtomicI64,
+    pub updates_published_total: AtomicU64,
+    pub updates_sent_total: AtomicU64,
+    pub collapsed_total: AtomicU64,
+    pub snapshots_sent_total: AtomicU64,
+    pub heartbeats_sent_total: AtomicU64,
+    pub polls_not_modified_total: AtomicU64,
+    pub diffs_total: AtomicU64,
+    pub diffs_fallback_snapshot_total: AtomicU64,
+}
+
+impl Metrics {
+    pub(crate) fn pending_add(&self, n: usize) {
+        self.subscriber_pending_bytes.fetch_add(n as i64, Relaxed);
+    }
+
+    pub(crate) fn pending_sub(&self, n: usize) {
+        self.subscriber_pending_bytes.fetch_sub(n as i64, Relaxed);
+    }
+
+    /// Adds one to a counter.
+    pub fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    /// Renders every metric in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(2048);
+        let counters: [(&str, &AtomicU64, &str); 12] = [
+            (
+                "requests_total",
+                &self.requests_total,
+                "Client requests received.",
+            ),
+            (
+                "upstream_requests_total",
+                &self.upstream_requests_total,
+                "Requests sent to the upstream.",
+            ),
+            (
+                "upstream_errors_total",
+                &self.upstream_errors_total,
+                "Upstream requests that failed or timed out.",
+            ),
+            (
+                "subscriptions_total",
+                &self.subscriptions_total,
+                "Subscriptions accepted.",
+            ),
+            (
+                "subscriptions_rejected_total",
+                &self.subscriptions_rejected_total,
+                "Subscriptions refused by a cap.",
+            ),
+            (
+                "updates_published_total",
+                &self.updates_published_total,
+                "New versions learned from the upstream.",
+            ),
+            (
+                "updates_sent_total",
+                &self.updates_sent_total,
+                "Update frames handed to subscriber connections.",
+            ),
+            (
+                "collapsed_total",
+                &self.collapsed_total,
+                "Catch-up updates that merged several updates for a lagging subscriber.",
+            ),
+            (
+                "snapshots_sent_total",
+                &self.snapshots_sent_total,
+                "Snapshots handed to subscriber connections.",
+            ),
+            (
+                "heartbeats_sent_total",
+                &self.heartbeats_sent_total,
+                "Heartbeat lines sent.",
+            ),
+            (
+                "polls_not_modified_total",
+                &self.polls_not_modified_total,
+                "Conditional polls answered 304.",
+            ),
+            ("diffs_total", &self.diffs_total, "Diffs computed."),
+        ];
+        for (name, value, help) in counters {
+            let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} counter\nbraid_proxy_{name} {}", value.load(Relaxed));
+        }
+        let _ = writeln!(out, "# HELP braid_proxy_diffs_fallback_snapshot_total Diffs replaced by a snapshot (too large or too slow).\n# TYPE braid_proxy_diffs_fallback_snapshot_total counter\nbraid_proxy_diffs_fallback_snapshot_total {}", self.diffs_fallback_snapshot_total.load(Relaxed));
+        let gauges: [(&str, &AtomicI64, &str); 4] = [
+            ("subscriptions", &self.subscriptions, "Open subscriptions."),
+            ("resources", &self.resources, "Resources tracked."),
+            (
+                "history_bytes",
+                &self.history_bytes,
+                "Bytes held in the history windows of all resources.",
+            ),
+            (
+                "subscriber_pending_bytes",
+                &self.subscriber_pending_bytes,
+                "Bytes handed to subscriber connections and not yet written to their sockets.",
+            ),
+        ];
+        for (name, value, help) in gauges {
+            let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} gauge\nbraid_proxy_{name} {}", value.load(Relaxed));
+        }
+        out
+    }
+}

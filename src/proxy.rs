@@ -1,0 +1,350 @@
+//! Pass-through proxying: the upstream client pool, the request filter
+//! (open-proxy refusals, header limits, loop detection), hop-by-hop header
+//! handling, `Via` and `X-Forwarded-*`, and the mapping of upstream failures
+//! to 502 and 504.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::{self, Body};
+use crate::config::{Config, Upstream};
+use crate::error::{describe, Refusal};
+use crate::metrics::Metrics;
+
+/// Facts about the connection a request arrived on, put in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+}
+
+/// A pooled HTTP client bound to the one configured upstream. Cheap to clone.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, Body>,
+    upstream: Arc<Upstream>,
+    response_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl UpstreamClient {
+    pub fn new(upstream: Upstream, config: &Config, metrics: Arc<Metrics>) -> UpstreamClient {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(64)
+            .build(connector);
+        UpstreamClient {
+            client,
+            upstream: Arc::new(upstream),
+            response_timeout: config.response_timeout,
+            metrics,
+        }
+    }
+
+    /// The configured upstream.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// Builds the upstream URI for a client's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, Refusal> {
+        self.upstream
+            .uri_for(path_and_query)
+            .map_err(|e| Refusal::BadRequest(format!("bad request target: {e}")))
+    }
+
+    /// Sends a request whose URI was made by [`UpstreamClient::uri_for`],
+    /// bounded by the response timeout (time to response headers).
+    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, Refusal> {
+        Metrics::inc(&self.metrics.upstream_requests_total);
+        req.headers_mut().insert(
+            header::HOST,
+            HeaderValue::from_str(self.upstream.authority.as_str())
+                .map_err(|_| Refusal::BadRequest("bad upstream authority".into()))?,
+        );
+        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => {
+                Metrics::inc(&self.metrics.upstream_errors_total);
+                if e.is_connect() {
+                    Err(Refusal::UpstreamUnreachable(describe(&e)))
+                } else {
+                    Err(Refusal::UpstreamBroken(describe(&e)))
+                }
+            }
+            Err(_) => {
+                Metrics::inc(&self.metrics.upstream_errors_total);
+                Err(Refusal::UpstreamTimeout(self.response_timeout))
+            }
+        }
+    }
+}
+
+/// Checks a request before anything else looks at it: the open-proxy
+/// refusals, header limits, the request target and loops.
+pub fn request_filter<B>(req: &Request<B>, config: &Config) -> Result<(), Refusal> {
+    if req.method() == Method::CONNECT {
+        return Err(Refusal::Connect);
+    }
+    // HTTP/2 always carries :scheme and :authority, so only HTTP/1 absolute-form is a proxy request.
+    if req.version() < Version::HTTP_2 && req.uri().scheme().is_some() {
+        let local = req.extensions().get::<ConnInfo>().map(|c| c.local);
+        let names_us = match (req.uri().authority(), local) {
+            (Some(authority), Some(local)) => authority_is(authority, local),
+            _ => false,
+        };
+        if !names_us {
+            return Err(Refusal::ForeignHost);
+        }
+    }
+    check_header_limits(req.headers(), config)?;
+    check_path(req.uri().path())?;
+    if via_names(req.headers(), &config.proxy_id) {
+        return Err(Refusal::Loop(config.proxy_id.clone()));
+    }
+    Ok(())
+}
+
+fn authority_is(authority: &http::uri::Authority, local: SocketAddr) -> bool {
+    let port = authority.port_u16().unwrap_or(80);
+    if port != local.port() {
+        return false;
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") && local.ip().is_loopback()
+        || host.parse::<std::net::IpAddr>().ok() == Some(local.ip())
+}
+
+fn check_header_limits(headers: &HeaderMap, config: &Config) -> Result<(), Refusal> {
+    if headers.len() > config.max_headers {
+        return Err(Refusal::HeadersTooLarge(format!(
+            "too many request headers: {} (limit {})",
+            headers.len(),
+            config.max_headers
+        )));
+    }
+    let size: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if size > config.max_header_bytes {
+        return Err(Refusal::HeadersTooLarge(format!(
+            "request headers too large: {size} bytes (limit {})",
+            config.max_header_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses paths that could climb out of the upstream's path prefix.
+fn check_path(path: &str) -> Result<(), Refusal> {
+    if !path.starts_with('/') {
+        return Err(Refusal::BadRequest(
+            "request target must start with /".into(),
+        ));
+    }
+    let climbs = path.split('/').any(|segment| {
+        let s = segment.to_ascii_lowercase().replace("%2e", ".");
+        s == ".." || s == "."
+    });
+    if climbs || path.to_ascii_lowercase().contains("%2f") && path.contains("..") {
+        return Err(Refusal::BadRequest(
+            "request path must not contain . or .. segments".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// True when one of the `Via` entries was added by the proxy with this id.
+pub fn via_names(headers: &HeaderMap, id: &str) -> bool {
+    headers
+        .get_all(header::VIA)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|entry| entry.split_whitespace().nth(1) == Some(id))
+}
+
+/// Removes the hop-by-hop headers: `Connection` and every header it names,
+/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    let proxy: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
+    for name in proxy {
+        headers.remove(name);
+    }
+}
+
+/// The `Via` entry this proxy adds for a message of the given version.
+fn via_entry(version: Version, id: &str) -> String {
+    let protocol = match version {
+        Version::HTTP_10 => "1.0",
+        Version::HTTP_2 => "2",
+        _ => "1.1",
+    };
+    format!("{protocol} {id}")
+}
+
+fn append_via(headers: &mut HeaderMap, version: Version, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(&via_entry(version, id)) {
+        headers.append(header::VIA, v);
+    }
+}
+
+/// Builds the upstream request for a client request: same method, path,
+/// query, end-to-end headers and (streamed) body, plus `Via` and `X-Forwarded-*`.
+pub fn upstream_request(
+    req: Request<Incoming>,
+    client: &UpstreamClient,
+    config: &Config,
+) -> Result<Request<Body>, Refusal> {
+    let (parts, incoming) = req.into_parts();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let uri = client.uri_for(target)?;
+    let mut headers = parts.headers;
+    let original_host = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        });
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    append_via(&mut headers, parts.version, &config.proxy_id);
+    forwarded_for(
+        &mut headers,
+        parts.extensions.get::<ConnInfo>(),
+        original_host,
+    );
+    let mut out = Request::new(body::stream(incoming));
+    *out.method_mut() = parts.method;
+    *out.uri_mut() = uri;
+    *out.headers_mut() = headers;
+    Ok(out)
+}
+
+fn forwarded_for(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<String>) {
+    if let Some(conn) = conn {
+        let ip = conn.peer.ip().to_string();
+        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prior) => format!("{prior}, {ip}"),
+            None => ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert("x-forwarded-for", v);
+        }
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if let Some(v) = host.and_then(|h| HeaderValue::from_str(&h).ok()) {
+        headers.insert("x-forwarded-host", v);
+    }
+}
+
+/// Turns an upstream response into the client's: hop-by-hop headers out,
+/// `Via` in, body streamed as it arrives.
+pub fn downstream_response(response: Response<Incoming>, config: &Config) -> Response<Body> {
+    let (mut parts, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    append_via(&mut parts.headers, parts.version, &config.proxy_id);
+    parts.version = Version::HTTP_11;
+    Response::from_parts(parts, body::stream(incoming))
+}
+
+/// Plain pass-through of one request.
+pub async fn pass_through(
+    req: Request<Incoming>,
+    client: &UpstreamClient,
+    config: &Config,
+) -> Result<Response<Body>, Refusal> {
+    let out = upstream_request(req, client, config)?;
+    let response = client.send(out).await?;
+    Ok(downstream_response(response, config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("proxy-authorization", HeaderValue::from_static("basic x"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("x-kept", HeaderValue::from_static("yes"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn dot_segments_are_refused() {
+        assert!(check_path("/a/b").is_ok());
+        assert!(check_path("/a/../b").is_err());
+        assert!(check_path("/a/%2E%2e/b").is_err());
+        assert!(check_path("/a/./b").is_err());
+        assert!(check_path("/a..b/c").is_ok());
+    }
+
+    #[test]
+    fn via_loop() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::VIA,
+            HeaderValue::from_static("1.1 edge-1, 1.1 shield"),
+        );
+        assert!(via_names(&h, "shield"));
+        assert!(!via_names(&h, "edge"));
+    }
+}
