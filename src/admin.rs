@@ -44,7 +44,7 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Body> {
     let result = match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => Ok(text(
             StatusCode::OK,
-            router.metrics().render(),
+            router.render_metrics(),
             "text/plain; version=0.0.4",
         )),
         (&Method::GET, "/healthz") => Ok(text(StatusCode::OK, "ok\n".into(), "text/plain")),

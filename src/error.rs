@@ -35,6 +35,10 @@ pub enum Refusal {
     Loop(String),
     #[error("not found")]
     NotFound,
+    #[error("multiplexing is not supported here; send each subscription as its own request")]
+    NoMultiplexing,
+    #[error("version {0} is not available; only the current version is served")]
+    VersionUnavailable(String),
     #[error("method not allowed")]
     MethodNotAllowed(&'static str),
 }
@@ -50,7 +54,9 @@ impl Refusal {
             Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Loop(_) => StatusCode::LOOP_DETECTED,
-            Refusal::NotFound => StatusCode::NOT_FOUND,
+            Refusal::NotFound | Refusal::NoMultiplexing | Refusal::VersionUnavailable(_) => {
+                StatusCode::NOT_FOUND
+            }
         }
     }
 

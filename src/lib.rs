@@ -23,5 +23,8 @@ pub mod diff;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
+pub mod resource;
 pub mod router;
 pub mod server;
+pub mod subscribe;
+pub mod upstream;

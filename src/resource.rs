@@ -1,0 +1,548 @@
+//! Versioned resources: the registry URL → [`Resource`], each with its
+//! current state ([`Head`]), a bounded history window, and the watch
+//! channel that wakes its subscribers. How changes are learned lives in
+//! [`crate::upstream`]; this module only records them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use moka::sync::Cache;
+use sha2::{Digest, Sha256};
+use tokio::sync::{watch, Notify};
+
+use crate::braid::{self, Patch, Update, VersionId, VersionList};
+use crate::diff;
+use crate::metrics::Metrics;
+
+/// What the origin last said about a resource.
+#[derive(Debug, Clone)]
+pub enum State {
+    /// Nothing fetched yet.
+    Unknown,
+    /// A representation: status 200.
+    Present {
+        body: Bytes,
+        content_type: Option<String>,
+        etag: Option<String>,
+    },
+    /// 404 or 410: the resource is gone (for now).
+    Missing { status: u16 },
+    /// The origin's answer could not be used (e.g. over the body limit).
+    Error { status: u16, reason: String },
+}
+
+/// A resource's current version, shared by every subscriber.
+#[derive(Debug)]
+pub struct Head {
+    /// Position in the resource's history; 0 before the first fetch.
+    pub seq: u64,
+    pub version: VersionList,
+    pub state: State,
+    /// `sha-256=:<base64>:` of the body.
+    pub digest: String,
+    /// The encoded update from `seq - 1` to `seq`, shared by all subscribers.
+    pub update: Option<Bytes>,
+    snapshot: OnceLock<Bytes>,
+}
+
+impl Head {
+    fn unknown() -> Head {
+        Head {
+            seq: 0,
+            version: VersionList::default(),
+            state: State::Unknown,
+            digest: String::new(),
+            update: None,
+            snapshot: OnceLock::new(),
+        }
+    }
+
+    /// The status a subscriber's update for this state carries, if not 200.
+    pub fn status(&self) -> Option<u16> {
+        match &self.state {
+            State::Present { .. } | State::Unknown => None,
+            State::Missing { status } | State::Error { status, .. } => Some(*status),
+        }
+    }
+
+    /// The body of this state (empty when missing).
+    pub fn body(&self) -> Bytes {
+        match &self.state {
+            State::Present { body, .. } => body.clone(),
+            State::Error { reason, .. } => Bytes::from(format!("{reason}\n")),
+            _ => Bytes::new(),
+        }
+    }
+
+    /// The whole state as one update, encoded once per head.
+    pub fn snapshot(&self) -> Bytes {
+        self.snapshot
+            .get_or_init(|| {
+                braid::encode(&Update {
+                    status: self.status(),
+                    version: self.version.clone(),
+                    parents: VersionList::default(),
+                    body: braid::Body::Snapshot(self.body()),
+                    extra_headers: digest_header(&self.digest),
+                })
+            })
+            .clone()
+    }
+}
+
+fn digest_header(digest: &str) -> Vec<(HeaderName, HeaderValue)> {
+    match HeaderValue::from_str(digest) {
+        Ok(v) if !digest.is_empty() => vec![(HeaderName::from_static("repr-digest"), v)],
+        _ => Vec::new(),
+    }
+}
+
+/// One step of history: how to go from `seq - 1` to `seq`.
+struct Step {
+    /// `None` when the step cannot be expressed as patches (status change, snapshot).
+    patches: Option<Arc<Vec<Patch>>>,
+    weight: u32,
+}
+
+/// The per-resource index of the history window; the steps themselves live
+/// in the shared, byte-weighted [`History`] cache so one total bounds them all.
+#[derive(Default)]
+struct Window {
+    /// (seq, version) of the retained steps, oldest first.
+    versions: VecDeque<(u64, VersionList)>,
+    bytes: usize,
+    weights: VecDeque<u32>,
+}
+
+/// The history shared by all resources, bounded by `--history-bytes`.
+pub struct History {
+    steps: Cache<(u64, u64), Arc<Step>>,
+    catch_ups: Cache<(u64, u64, u64), Bytes>,
+    per_resource_len: usize,
+    per_resource_bytes: usize,
+}
+
+impl History {
+    pub fn new(total_bytes: u64, per_resource_len: usize) -> History {
+        let steps = Cache::builder()
+            .max_capacity(total_bytes)
+            .weigher(|_, step: &Arc<Step>| step.weight)
+            .build();
+        let catch_ups = Cache::builder()
+            .max_capacity((total_bytes / 4).max(1024 * 1024))
+            .weigher(|_, bytes: &Bytes| u32::try_from(bytes.len()).unwrap_or(u32::MAX))
+            .build();
+        History {
+            steps,
+            catch_ups,
+            per_resource_len,
+            per_resource_bytes: usize::try_from(total_bytes).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Bytes currently held by all windows.
+    pub fn weighted_size(&self) -> u64 {
+        self.steps.weighted_size()
+    }
+}
+
+/// Tunables a resource needs when it records a change.
+pub struct Tuning {
+    pub diff_timeout: Duration,
+    pub snapshot_ratio: f64,
+}
+
+/// One resource: its current state, window, subscribers' channel, and the
+/// handle its watcher is woken by.
+pub struct Resource {
+    id: u64,
+    key: String,
+    head: watch::Sender<Arc<Head>>,
+    window: Mutex<Window>,
+    /// Wakes the watcher for an immediate revalidation.
+    pub wake: Notify,
+    /// Bumped after every revalidation attempt, successful or not.
+    validated: watch::Sender<Validation>,
+    last_used: Mutex<Instant>,
+}
+
+/// The outcome of the latest revalidation.
+#[derive(Debug, Clone, Default)]
+pub struct Validation {
+    pub generation: u64,
+    pub at: Option<Instant>,
+    /// Set when the latest attempt failed; plain GETs then go to the origin.
+    pub failed: bool,
+    /// Set by write-through and refresh: the state must be revalidated before use.
+    pub stale: bool,
+}
+
+impl Resource {
+    fn new(id: u64, key: String) -> Resource {
+        Resource {
+            id,
+            key,
+            head: watch::channel(Arc::new(Head::unknown())).0,
+            window: Mutex::default(),
+            wake: Notify::new(),
+            validated: watch::channel(Validation::default()).0,
+            last_used: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// The upstream path and query of this resource.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The current head.
+    pub fn head(&self) -> Arc<Head> {
+        self.head.borrow().clone()
+    }
+
+    /// A receiver woken on every new head. Holding one makes a subscriber.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Head>> {
+        self.head.subscribe()
+    }
+
+    /// Number of live subscribers.
+    pub fn subscribers(&self) -> usize {
+        self.head.receiver_count()
+    }
+
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        lock(&self.last_used).elapsed()
+    }
+
+    /// The latest revalidation outcome.
+    pub fn validation(&self) -> Validation {
+        self.validated.borrow().clone()
+    }
+
+    /// A receiver of revalidation outcomes.
+    pub fn validations(&self) -> watch::Receiver<Validation> {
+        self.validated.subscribe()
+    }
+
+    /// Marks the state stale and wakes the watcher (write-through, refresh hook).
+    pub fn refresh(&self) {
+        self.validated.send_modify(|v| v.stale = true);
+        self.wake.notify_one();
+    }
+
+    /// Records the end of a revalidation attempt.
+    pub fn validated(&self, ok: bool) {
+        self.validated.send_modify(|v| {
+            v.generation += 1;
+            v.at = Some(Instant::now());
+            v.failed = !ok;
+            if ok {
+                v.stale = false;
+            }
+        });
+    }
+
+    /// The history position of a version, if it is the head or still in the window.
+    pub fn seq_of(&self, version: &VersionList) -> Option<u64> {
+        let head = self.head();
+        if head.seq > 0 && &head.version == version {
+            return Some(head.seq);
+        }
+        let window = lock(&self.window);
+        window
+            .versions
+            .iter()
+            .rev()
+            .find(|(_, v)| v == version)
+            .map(|(s, _)| *s)
+    }
+
+    /// Records a new state learned from the upstream. Returns false when it
+    /// is the version already current (nothing to publish).
+    pub fn publish(
+        &self,
+        state: State,
+        history: &History,
+        tuning: &Tuning,
+        metrics: &Metrics,
+    ) -> bool {
+        let previous = self.head();
+        let (version, digest) = version_of(&state);
+        if previous.seq > 0 && previous.version == version {
+            return false;
+        }
+        let patches = match (&previous.state, &state) {
+            (
+                State::Present {
+                    body: old,
+                    content_type: old_ct,
+                    ..
+                },
+                State::Present {
+                    body: new,
+                    content_type: new_ct,
+                    ..
+                },
+            ) if old_ct == new_ct => {
+                Metrics::inc(&metrics.diffs_total);
+                let text = new_ct.as_deref().is_some_and(diff::is_text_content_type);
+                let deadline = Instant::now() + tuning.diff_timeout;
+                let outcome = diff::diff(old, new, text, deadline);
+                let budget = (new.len() as f64 * tuning.snapshot_ratio) as usize;
+                if outcome.timed_out || braid::patches_wire_len(&outcome.patches) > budget {
+                    Metrics::inc(&metrics.diffs_fallback_snapshot_total);
+                    None
+                } else {
+                    Some(outcome.patches)
+                }
+            }
+            _ => None,
+        };
+        let seq = previous.seq + 1;
+        let mut head = Head {
+            seq,
+            version,
+            state,
+            digest,
+            update: None,
+            snapshot: OnceLock::new(),
+        };
+        let frame = match &patches {
+            Some(patches) if previous.seq > 0 => braid::encode(&Update {
+                status: head.status(),
+                version: head.version.clone(),
+                parents: previous.version.clone(),
+                body: braid::Body::Patches(patches.clone()),
+                extra_headers: Vec::new(),
+            }),
+            _ if previous.seq > 0 => braid::encode(&Update {
+                status: head.status(),
+                version: head.version.clone(),
+                parents: previous.version.clone(),
+                body: braid::Body::Snapshot(head.body()),
+                extra_headers: digest_header(&head.digest),
+            }),
+            // The first state has no parent: every subscriber starts from a snapshot.
+            _ => head.snapshot(),
+        };
+        head.update = Some(frame.clone());
+        self.remember(seq, &head.version, patches, frame.len(), history);
+        Metrics::inc(&metrics.updates_published_total);
+        self.head.send_replace(Arc::new(head));
+        true
+    }
+
+    fn remember(
+        &self,
+        seq: u64,
+        version: &VersionList,
+        patches: Option<Vec<Patch>>,
+        frame_len: usize,
+        history: &History,
+    ) {
+        let patch_bytes: usize = patches.iter().flatten().map(|p| p.content.len() + 16).sum();
+        let weight = u32::try_from(frame_len + patch_bytes + 64).unwrap_or(u32::MAX);
+        history.steps.insert(
+            (self.id, seq),
+            Arc::new(Step {
+                patches: patches.map(Arc::new),
+                weight,
+            }),
+        );
+        let mut window = lock(&self.window);
+        window.versions.push_back((seq, version.clone()));
+        window.weights.push_back(weight);
+        window.bytes += weight as usize;
+        while window.versions.len() > history.per_resource_len
+            || window.bytes > history.per_resource_bytes
+        {
+            let (Some((old_seq, _)), Some(w)) =
+                (window.versions.pop_front(), window.weights.pop_front())
+            else {
+                break;
+            };
+            window.bytes -= w as usize;
+            history.steps.invalidate(&(self.id, old_seq));
+        }
+    }
+
+    /// One update taking a subscriber from `from` (a seq in the window) to
+    /// `head`: the patches of every step composed, or `None` when some step
+    /// is gone from the window or cannot be composed (then send a snapshot).
+    /// Cached per (from, head) so that laggards at the same place share it.
+    pub fn catch_up(
+        &self,
+        from: u64,
+        head: &Head,
+        history: &History,
+        metrics: &Metrics,
+    ) -> Option<Bytes> {
+        let key = (self.id, from, head.seq);
+        if let Some(bytes) = history.catch_ups.get(&key) {
+            return Some(bytes);
+        }
+        let parents = {
+            let window = lock(&self.window);
+            window
+                .versions
+                .iter()
+                .find(|(s, _)| *s == from)
+                .map(|(_, v)| v.clone())?
+        };
+        let mut composed: Option<Vec<Patch>> = None;
+        for seq in from + 1..=head.seq {
+            let step = history.steps.get(&(self.id, seq))?;
+            let patches = step.patches.as_ref()?;
+            composed = Some(match composed {
+                None => patches.as_ref().clone(),
+                Some(done) => braid::compose(&done, patches).ok()?,
+            });
+        }
+        let patches = composed?;
+        if braid::patches_wire_len(&patches) >= head.body().len() {
+            return None;
+        }
+        let bytes = braid::encode(&Update {
+            status: head.status(),
+            version: head.version.clone(),
+            parents,
+            body: braid::Body::Patches(patches),
+            extra_headers: Vec::new(),
+        });
+        history.catch_ups.insert(key, bytes.clone());
+        Metrics::inc(&metrics.collapsed_total);
+        Some(bytes)
+    }
+}
+
+/// The version and digest of a state: the strong ETag when the origin gave
+/// one, else a hash of the content (so two proxies derive the same id).
+fn version_of(state: &State) -> (VersionList, String) {
+    let mut hasher = Sha256::new();
+    match state {
+        State::Present { body, .. } => hasher.update(body),
+        State::Missing { status } => hasher.update(format!("status {status}")),
+        State::Error { status, reason } => hasher.update(format!("status {status} {reason}")),
+        State::Unknown => {}
+    }
+    let hash = hasher.finalize();
+    let digest = format!(
+        "sha-256=:{}:",
+        base64::engine::general_purpose::STANDARD.encode(hash)
+    );
+    let strong = match state {
+        State::Present {
+            etag: Some(etag), ..
+        } => strong_etag(etag),
+        _ => None,
+    };
+    let id = strong.unwrap_or_else(|| {
+        let short = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hash[..16]);
+        match state {
+            State::Present { .. } => format!("h-{short}"),
+            _ => format!("s-{short}"),
+        }
+    });
+    let version = VersionId::new(id)
+        .map(VersionList::single)
+        .unwrap_or_default();
+    (version, digest)
+}
+
+/// The opaque value of a strong ETag (`"abc"` → `abc`); `None` for weak or malformed ones.
+pub fn strong_etag(etag: &str) -> Option<String> {
+    let inner = etag.trim().strip_prefix('"')?.strip_suffix('"')?;
+    let valid = !inner.is_empty()
+        && inner.len() <= braid::MAX_VERSION_ID_LEN
+        && inner
+            .bytes()
+            .all(|b| b == 0x21 || (0x23..=0x7e).contains(&b));
+    valid.then(|| inner.to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The registry of tracked resources, keyed by upstream path and query.
+pub struct Registry {
+    resources: Mutex<HashMap<String, Arc<Resource>>>,
+    next_id: std::sync::atomic::AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl Registry {
+    pub fn new(metrics: Arc<Metrics>) -> Registry {
+        Registry {
+            resources: Mutex::default(),
+            next_id: 1.into(),
+            metrics,
+        }
+    }
+
+    /// The resource for `key`, and whether it was just created (then the
+    /// caller starts its one watcher). `with` runs under the registry lock,
+    /// so a subscriber it registers cannot race the idle removal.
+    pub fn get_or_create<T>(
+        &self,
+        key: &str,
+        with: impl FnOnce(&Arc<Resource>) -> T,
+    ) -> (Arc<Resource>, bool, T) {
+        let mut map = lock(&self.resources);
+        if let Some(r) = map.get(key) {
+            r.touch();
+            let t = with(r);
+            return (r.clone(), false, t);
+        }
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let r = Arc::new(Resource::new(id, key.to_string()));
+        map.insert(key.to_string(), r.clone());
+        self.metrics
+            .resources
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = with(&r);
+        (r, true, t)
+    }
+
+    /// The resource for `key`, if tracked.
+    pub fn get(&self, key: &str) -> Option<Arc<Resource>> {
+        lock(&self.resources).get(key).cloned()
+    }
+
+    /// Drops `resource` if it has had no subscribers for `idle`. Returns true when dropped.
+    pub fn remove_if_idle(&self, resource: &Arc<Resource>, idle: Duration) -> bool {
+        let mut map = lock(&self.resources);
+        if resource.subscribers() > 0 || resource.idle_for() < idle {
+            return false;
+        }
+        if map
+            .get(resource.key())
+            .is_some_and(|r| Arc::ptr_eq(r, resource))
+        {
+            map.remove(resource.key());
+            self.metrics
+                .resources
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Number of tracked resources.
+    pub fn len(&self) -> usize {
+        lock(&self.resources).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,436 @@
+//! The subscriber side: `GET` + `Subscribe` answered with a long-lived 209
+//! whose body is a cursor into the resource's shared history, plus plain
+//! GETs served from the proxy's state, heartbeats, caps and CORS.
+//!
+//! A subscriber holds no queue: only the last seq it was sent, a watch
+//! receiver of the resource's head, and (maybe) a heartbeat receiver. hyper
+//! pulls the next frame only when the connection has room, so a slow
+//! reader finds a later head when it next pulls and gets one collapsed
+//! update (or a snapshot) for everything it missed.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use tokio::sync::watch;
+
+use crate::body::{self, Body, Chunk};
+use crate::braid::{self, VersionList};
+use crate::error::Refusal;
+use crate::metrics::Metrics;
+use crate::resource::{Head, History, Resource, State};
+
+/// What a subscription request asked for, parsed and validated.
+#[derive(Debug, Default)]
+pub struct BraidRequest {
+    pub subscribe: bool,
+    pub parents: Option<VersionList>,
+    pub version: Option<VersionList>,
+    pub heartbeats: Option<Duration>,
+    /// `Peer` together with `Merge-Type: simpleton`: a per-peer stream.
+    pub peer_specific: bool,
+    /// Echo of the request's `Subscribe` value.
+    pub subscribe_echo: Option<HeaderValue>,
+}
+
+impl BraidRequest {
+    /// Parses the Braid request headers; a malformed one is a 400 naming it.
+    pub fn parse(headers: &HeaderMap) -> Result<BraidRequest, Refusal> {
+        let mut out = BraidRequest::default();
+        if let Some(v) = headers.get("subscribe") {
+            out.subscribe = braid::parse_subscribe(v.as_bytes()).map_err(bad)?;
+            out.subscribe_echo = Some(v.clone());
+        }
+        if let Some(v) = headers.get("parents") {
+            out.parents = Some(VersionList::parse(v.as_bytes()).map_err(bad)?);
+        }
+        if let Some(v) = headers.get("version") {
+            out.version = Some(VersionList::parse_named(v.as_bytes(), "Version").map_err(bad)?);
+        }
+        if let Some(v) = headers.get("heartbeats") {
+            out.heartbeats = Some(braid::parse_heartbeats(v.as_bytes()).map_err(bad)?);
+        }
+        let simpleton = headers
+            .get("merge-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("simpleton"));
+        out.peer_specific = simpleton && headers.contains_key("peer");
+        Ok(out)
+    }
+}
+
+fn bad(e: braid::HeaderError) -> Refusal {
+    Refusal::BadRequest(e.to_string())
+}
+
+/// Shared heartbeat tickers, one per interval in whole seconds: every idle
+/// subscriber with that interval observes the same tick.
+#[derive(Default)]
+pub struct Heartbeats {
+    tickers: Mutex<HashMap<u64, watch::Sender<u64>>>,
+}
+
+/// Longest heartbeat interval honoured.
+const MAX_HEARTBEAT_SECS: u64 = 3600;
+
+impl Heartbeats {
+    /// A receiver ticking every `interval` (rounded up to whole seconds).
+    pub fn ticker(self: &Arc<Self>, interval: Duration) -> watch::Receiver<u64> {
+        let secs = interval
+            .as_secs_f64()
+            .ceil()
+            .clamp(1.0, MAX_HEARTBEAT_SECS as f64) as u64;
+        let mut tickers = self.tickers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = tickers.get(&secs) {
+            return tx.subscribe();
+        }
+        let (tx, rx) = watch::channel(0u64);
+        tickers.insert(secs, tx.clone());
+        let this = self.clone();
+        tokio::spawn(async move {
+            let period = Duration::from_secs(secs);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let mut tickers = this.tickers.lock().unwrap_or_else(|p| p.into_inner());
+                if tx.receiver_count() == 0 {
+                    tickers.remove(&secs);
+                    return;
+                }
+                drop(tickers);
+                tx.send_modify(|n| *n += 1);
+            }
+        });
+        rx
+    }
+}
+
+/// Everything a subscription stream needs, shared by all of them.
+pub struct Subscriptions {
+    pub history: Arc<History>,
+    pub metrics: Arc<Metrics>,
+    pub heartbeats: Arc<Heartbeats>,
+    pub default_heartbeat: Duration,
+    pub max_total: usize,
+    pub max_per_resource: usize,
+    pub closing: watch::Receiver<bool>,
+}
+
+/// Counts a subscription in the gauge for as long as it lives.
+struct Counted(Arc<Metrics>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.subscriptions.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A subscriber: a cursor into the shared history and nothing more.
+struct Cursor {
+    resource: Arc<Resource>,
+    head: watch::Receiver<Arc<Head>>,
+    /// The seq the client has; `None` when it needs a snapshot.
+    at: Option<u64>,
+    heartbeat: Option<watch::Receiver<u64>>,
+    sent_since_tick: bool,
+    closing: watch::Receiver<bool>,
+    history: Arc<History>,
+    metrics: Arc<Metrics>,
+    _counted: Counted,
+}
+
+impl Subscriptions {
+    /// Checks the caps; `Ok` reserves a slot (released when the guard drops).
+    fn admit(&self, resource: &Resource) -> Result<Counted, Refusal> {
+        let busy = |what: &str| {
+            Metrics::inc(&self.metrics.subscriptions_rejected_total);
+            Err(Refusal::Unavailable {
+                reason: format!("too many subscriptions {what}; retry later"),
+                retry_after: Duration::from_secs(5),
+            })
+        };
+        if resource.subscribers() >= self.max_per_resource {
+            return busy("to this resource");
+        }
+        let before = self.metrics.subscriptions.fetch_add(1, Relaxed);
+        let counted = Counted(self.metrics.clone());
+        if before >= self.max_total as i64 {
+            return busy("on this proxy");
+        }
+        Ok(counted)
+    }
+
+    /// The 209 response for a subscription to `resource`, which has a state.
+    pub fn respond(
+        &self,
+        resource: Arc<Resource>,
+        head: watch::Receiver<Arc<Head>>,
+        request: &BraidRequest,
+    ) -> Result<Response<Body>, Refusal> {
+        let counted = self.admit(&resource)?;
+        Metrics::inc(&self.metrics.subscriptions_total);
+        let current = head.borrow().clone();
+        let at = match &request.parents {
+            Some(parents) if !parents.is_empty() => resource.seq_of(parents),
+            _ => None,
+        };
+        let interval = request.heartbeats.unwrap_or(self.default_heartbeat);
+        let heartbeat = (!interval.is_zero()).then(|| self.heartbeats.ticker(interval));
+        let cursor = Cursor {
+            resource,
+            head,
+            at,
+            heartbeat,
+            sent_since_tick: false,
+            closing: self.closing.clone(),
+            history: self.history.clone(),
+            metrics: self.metrics.clone(),
+            _counted: counted,
+        };
+        let stream = futures_util::stream::unfold(cursor, Cursor::next);
+        let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+        *response.status_mut() = StatusCode::from_u16(209).unwrap_or(StatusCode::OK);
+        let h = response.headers_mut();
+        h.insert(
+            "subscribe",
+            request
+                .subscribe_echo
+                .clone()
+                .unwrap_or(HeaderValue::from_static("true")),
+        );
+        h.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache, no-transform, no-store"),
+        );
+        h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        h.insert(
+            header::VARY,
+            HeaderValue::from_static("Version, Parents, Subscribe"),
+        );
+        if let Some(hb) = request.heartbeats {
+            if let Ok(v) =
+                HeaderValue::from_str(&format!("{}s", hb.as_secs_f64().ceil().max(1.0) as u64))
+            {
+                h.insert("heartbeats", v);
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&current.version.to_header_value()) {
+            if !current.version.is_empty() {
+                h.insert("current-version", v);
+            }
+        }
+        if let State::Present {
+            content_type: Some(ct),
+            ..
+        } = &current.state
+        {
+            if let Ok(v) = HeaderValue::from_str(ct) {
+                h.insert(header::CONTENT_TYPE, v);
+            }
+        }
+        Ok(response)
+    }
+}
+
+impl Cursor {
+    /// The next frame for this subscriber, waiting until there is one.
+    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::body::BoxError>, Cursor)> {
+        loop {
+            if *self.closing.borrow() {
+                return None;
+            }
+            let head = self.head.borrow_and_update().clone();
+            if let Some(bytes) = self.frame_for(&head) {
+                self.at = Some(head.seq);
+                self.sent_since_tick = true;
+                let chunk = Chunk::counted(bytes, &self.metrics);
+                return Some((Ok(Frame::data(chunk)), self));
+            }
+            let heartbeat = async {
+                match self.heartbeat.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = self.head.changed() => if changed.is_err() { return None },
+                ticked = heartbeat => {
+                    if !ticked {
+                        self.heartbeat = None;
+                    } else if !std::mem::replace(&mut self.sent_since_tick, false) {
+                        Metrics::inc(&self.metrics.heartbeats_sent_total);
+                        let chunk = Chunk::counted(Bytes::from_static(b"\r\n"), &self.metrics);
+                        return Some((Ok(Frame::data(chunk)), self));
+                    }
+                },
+                _ = self.closing.changed() => return None,
+            }
+        }
+    }
+
+    /// What takes this subscriber from where it is to `head`, if anything.
+    fn frame_for(&self, head: &Head) -> Option<Bytes> {
+        if head.seq == 0 || self.at == Some(head.seq) {
+            return None;
+        }
+        let frame = match self.at {
+            Some(at) if at + 1 == head.seq && head.update.is_some() => head.update.clone(),
+            Some(at) if at < head.seq => {
+                self.resource
+                    .catch_up(at, head, &self.history, &self.metrics)
+            }
+            _ => None,
+        };
+        Metrics::inc(&self.metrics.updates_sent_total);
+        Some(frame.unwrap_or_else(|| {
+            Metrics::inc(&self.metrics.snapshots_sent_total);
+            head.snapshot()
+        }))
+    }
+}
+
+/// A plain GET answered from the proxy's state: the body with `Version`,
+/// `Current-Version`, an `ETag` matching the version, and `Repr-Digest`;
+/// 304 when `If-None-Match` names that ETag. `None` when the state cannot
+/// answer (not a 200) and the request should go to the origin.
+pub fn serve_state<B>(req: &Request<B>, head: &Head) -> Option<Response<Body>> {
+    let State::Present {
+        body: content,
+        content_type,
+        etag,
+    } = &head.state
+    else {
+        return None;
+    };
+    let etag = etag
+        .as_deref()
+        .filter(|e| crate::resource::strong_etag(e).is_some())
+        .map(str::to_string)
+        .unwrap_or_else(|| match head.version.first() {
+            Some(v) => format!("\"{}\"", v.as_str()),
+            None => String::new(),
+        });
+    let not_modified = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+    let mut response = if not_modified {
+        let mut r = Response::new(body::empty());
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else if req.method() == Method::HEAD {
+        Response::new(body::empty())
+    } else {
+        Response::new(body::full(content.clone()))
+    };
+    let h = response.headers_mut();
+    let version = head.version.to_header_value();
+    for (name, value) in [
+        (HeaderName::from_static("version"), version.as_str()),
+        (HeaderName::from_static("current-version"), version.as_str()),
+        (header::ETAG, etag.as_str()),
+        (HeaderName::from_static("repr-digest"), head.digest.as_str()),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    }
+    if !not_modified {
+        if let Some(v) = content_type
+            .as_deref()
+            .and_then(|ct| HeaderValue::from_str(ct).ok())
+        {
+            h.insert(header::CONTENT_TYPE, v);
+        }
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(content.len()));
+    }
+    h.insert(
+        header::VARY,
+        HeaderValue::from_static("Version, Parents, Subscribe"),
+    );
+    Some(response)
+}
+
+/// CORS for browsers: the configured origins, the Braid request headers in
+/// preflights, and the Braid response headers exposed.
+pub struct Cors {
+    origins: Vec<String>,
+}
+
+const CORS_ALLOW_HEADERS: &str = "Subscribe, Version, Parents, Peer, Heartbeats, Merge-Type, Content-Range, Patches, Multiplex-Through, Multiplex-Version, Content-Type, Cache-Control";
+const CORS_EXPOSE_HEADERS: &str = "Version, Parents, Current-Version, Heartbeats, Subscribe, Retry-After, Multiplex-Version, Repr-Digest, ETag, Content-Range, Patches";
+const CORS_ALLOW_METHODS: &str = "GET, HEAD, PUT, POST, PATCH, DELETE, OPTIONS";
+
+impl Cors {
+    pub fn new(origins: Vec<String>) -> Cors {
+        Cors { origins }
+    }
+
+    /// The `Access-Control-Allow-Origin` value for a request's `Origin`, if allowed.
+    fn allow(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+        let origin = headers.get(header::ORIGIN)?;
+        if self.origins.iter().any(|o| o == "*") {
+            return Some(HeaderValue::from_static("*"));
+        }
+        let text = origin.to_str().ok()?;
+        self.origins
+            .iter()
+            .any(|o| o.eq_ignore_ascii_case(text))
+            .then(|| origin.clone())
+    }
+
+    /// Answers a preflight from an allowed origin.
+    pub fn preflight<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
+        if req.method() != Method::OPTIONS
+            || !req
+                .headers()
+                .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+        {
+            return None;
+        }
+        let allow = self.allow(req.headers())?;
+        let mut r = Response::new(body::empty());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        let h = r.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static(CORS_ALLOW_METHODS),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static(CORS_ALLOW_HEADERS),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        Some(r)
+    }
+
+    /// Adds the CORS headers to a response for an allowed origin.
+    pub fn decorate(&self, request_headers: &HeaderMap, response: &mut Response<Body>) {
+        let Some(allow) = self.allow(request_headers) else {
+            return;
+        };
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static(CORS_EXPOSE_HEADERS),
+        );
+        h.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.origins.is_empty()
+    }
+}
