@@ -94,7 +94,7 @@ pub struct Args {
     /// Time budget of one diff; over it a snapshot is stored [default: 50ms]
     #[arg(long, value_name = "DURATION")]
     pub diff_timeout: Option<String>,
-    /// Store a snapshot when patches exceed this fraction of the new body [default: 0.5]
+    /// Store a snapshot when patches exceed this fraction of the new body [default: 0.9]
     #[arg(long, value_name = "FRACTION")]
     pub snapshot_ratio: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: braid-proxy-<hostname>]
@@ -194,7 +194,7 @@ impl Default for Config {
             resource_idle: Duration::from_secs(30),
             max_body_bytes: 16 * 1024 * 1024,
             diff_timeout: Duration::from_millis(50),
-            snapshot_ratio: 0.5,
+            snapshot_ratio: 0.9,
             proxy_id: default_proxy_id(),
         }
     }
@@ -479,7 +479,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("`{s}` is not a duration (try 250ms, 1s, 2m)"))?;
     let secs = n * scale;
-    if !secs.is_finite() || secs < 0.0 || secs > 30.0 * 86400.0 {
+    if !secs.is_finite() || !(0.0..=30.0 * 86400.0).contains(&secs) {
         return Err(format!("`{s}` is out of range (0 to 30 days)"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -14,6 +14,9 @@
 //! - [`error`]: every refusal mapped to a status and a one-line reason.
 //! - [`body`], [`metrics`]: the body type and the counters.
 
+// No unwrap() on anything that comes from the network: checked by clippy outside tests.
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
 pub mod admin;
 pub mod body;
 pub mod braid;

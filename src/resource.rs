@@ -296,7 +296,7 @@ impl Resource {
                 let text = new_ct.as_deref().is_some_and(diff::is_text_content_type);
                 let deadline = Instant::now() + tuning.diff_timeout;
                 let outcome = diff::diff(old, new, text, deadline);
-                let budget = (new.len() as f64 * tuning.snapshot_ratio) as usize;
+                let budget = (snapshot_wire_len(new.len()) as f64 * tuning.snapshot_ratio) as usize;
                 if outcome.timed_out || braid::patches_wire_len(&outcome.patches) > budget {
                     Metrics::inc(&metrics.diffs_fallback_snapshot_total);
                     None
@@ -407,7 +407,7 @@ impl Resource {
             });
         }
         let patches = composed?;
-        if braid::patches_wire_len(&patches) >= head.body().len() {
+        if braid::patches_wire_len(&patches) >= snapshot_wire_len(head.body().len()) {
             return None;
         }
         let bytes = braid::encode(&Update {
@@ -421,6 +421,12 @@ impl Resource {
         Metrics::inc(&metrics.collapsed_total);
         Some(bytes)
     }
+}
+
+/// About how many bytes a snapshot of a body this long takes on the wire
+/// (framing and the `Repr-Digest` header included).
+fn snapshot_wire_len(body_len: usize) -> usize {
+    body_len + 96
 }
 
 /// The version and digest of a state: the strong ETag when the origin gave

@@ -176,7 +176,7 @@ pub fn parse_heartbeats(value: &[u8]) -> Result<Duration, HeaderError> {
         .parse()
         .map_err(|_| err("Heartbeats", "expected a number of seconds, like 5s"))?;
     let secs = n * scale;
-    if !secs.is_finite() || secs < 0.0 || secs > 86_400.0 {
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
         return Err(err("Heartbeats", "out of range (0 to 86400 seconds)"));
     }
     Ok(Duration::from_secs_f64(secs))
