@@ -67,26 +67,32 @@ fn diff_units<T: Eq + std::hash::Hash + Ord>(
     }
     let ops = capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline));
     let timed_out = Instant::now() > deadline;
-    // Group every run of non-equal ops into one replace patch.
-    let mut run: Option<(usize, usize, usize, usize)> = None; // old start/end, new start/end
+    // Group every run of non-equal ops into one replace patch. Positions
+    // are tracked from the ops' lengths alone: similar's Myers can report
+    // odd indices on Insert and Delete ops.
+    let (mut o, mut n) = (0usize, 0usize);
+    let mut run: Option<(usize, usize)> = None; // where the run starts in old and new
     for op in ops {
-        match op {
-            DiffOp::Equal { .. } => {
-                if let Some((os, oe, ns, ne)) = run.take() {
-                    patches.push(make(prefix + os, prefix + oe, &b[ns..ne]));
-                }
+        let (old_len, new_len, equal) = match op {
+            DiffOp::Equal { len, .. } => (len, len, true),
+            DiffOp::Delete { old_len, .. } => (old_len, 0, false),
+            DiffOp::Insert { new_len, .. } => (0, new_len, false),
+            DiffOp::Replace {
+                old_len, new_len, ..
+            } => (old_len, new_len, false),
+        };
+        if equal {
+            if let Some((os, ns)) = run.take() {
+                patches.push(make(prefix + os, prefix + o, &b[ns..n]));
             }
-            other => {
-                let (o, n) = (other.old_range(), other.new_range());
-                run = Some(match run {
-                    None => (o.start, o.end, n.start, n.end),
-                    Some((os, _, ns, _)) => (os, o.end, ns, n.end),
-                });
-            }
+        } else if run.is_none() {
+            run = Some((o, n));
         }
+        o += old_len;
+        n += new_len;
     }
-    if let Some((os, oe, ns, ne)) = run {
-        patches.push(make(prefix + os, prefix + oe, &b[ns..ne]));
+    if let Some((os, ns)) = run {
+        patches.push(make(prefix + os, prefix + o, &b[ns..n]));
     }
     DiffOutcome { patches, timed_out }
 }
