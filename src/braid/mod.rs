@@ -2,10 +2,12 @@
 //! parsers, updates and patches, the update encoder, and patch application
 //! and composition. Depends on nothing else of the crate. See spec/.
 
+mod decode;
 mod encode;
 mod headers;
 mod patch;
 
+pub use decode::{DecodeError, DecodeLimits, Decoder};
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
 pub use headers::{
     parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList, MAX_VERSIONS,
