@@ -272,11 +272,14 @@ pub fn upstream_request(
 fn forwarded_for(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<String>) {
     if let Some(conn) = conn {
         let ip = conn.peer.ip().to_string();
-        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(prior) => format!("{prior}, {ip}"),
-            None => ip,
-        };
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        // Every earlier line counts: several header lines are one comma-joined list.
+        let mut value = Vec::new();
+        for prior in headers.get_all("x-forwarded-for") {
+            value.extend_from_slice(prior.as_bytes());
+            value.extend_from_slice(b", ");
+        }
+        value.extend_from_slice(ip.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&value) {
             headers.insert("x-forwarded-for", v);
         }
     }
