@@ -50,12 +50,12 @@ export function proxyBinary() {
 
 /**
  * Starts the proxy in front of `upstream`.
- * opts: {upstream, pollInterval = '100ms', heartbeat, args: [...extra], readyTimeoutMs = 20000}
+ * opts: {upstream, listen = '127.0.0.1:0', pollInterval = '100ms', heartbeat, args: [...extra], readyTimeoutMs = 20000}
  */
 export async function startProxy(opts) {
   const bin = proxyBinary()
   const args = [
-    '--listen', '127.0.0.1:0',
+    '--listen', opts.listen ?? '127.0.0.1:0',
     '--admin-listen', '127.0.0.1:0',
     '--upstream', opts.upstream,
     '--poll-interval', opts.pollInterval ?? '100ms',
@@ -119,13 +119,17 @@ export async function startProxy(opts) {
     ),
   )
 
+  // SIGTERM, then SIGKILL after 5 s; the result has `forced: true` if the
+  // proxy had to be killed.
   const stop = async () => {
     if (exited) return exited
     child.kill('SIGTERM')
-    const r = await Promise.race([exitPromise, new Promise((res) => setTimeout(() => res(null), 5000))])
+    let timer
+    const r = await Promise.race([exitPromise, new Promise((res) => (timer = setTimeout(() => res(null), 5000)))])
+    clearTimeout(timer)
     if (r) return r
     child.kill('SIGKILL')
-    return await exitPromise
+    return { ...(await exitPromise), forced: true }
   }
 
   try {
