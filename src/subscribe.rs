@@ -155,7 +155,8 @@ impl Subscriptions {
                 retry_after: Duration::from_secs(5),
             })
         };
-        if resource.subscribers() >= self.max_per_resource {
+        // The caller's own receiver is already counted among the subscribers.
+        if resource.subscribers() > self.max_per_resource {
             return busy("to this resource");
         }
         let before = self.metrics.subscriptions.fetch_add(1, Relaxed);
@@ -196,6 +197,9 @@ impl Subscriptions {
         let stream = futures_util::stream::unfold(cursor, Cursor::next);
         let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
         *response.status_mut() = StatusCode::from_u16(209).unwrap_or(StatusCode::OK);
+        response
+            .extensions_mut()
+            .insert(hyper::ext::ReasonPhrase::from_static(b"Subscription"));
         let h = response.headers_mut();
         h.insert(
             "subscribe",

@@ -1,0 +1,323 @@
+//! The Braid side against a real origin on 127.0.0.1:0, over raw sockets:
+//! the refresh hook, plain GETs from state (304), subscription caps, CORS,
+//! the multiplexer fallback, and origin bodies over the limit.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use braid_proxy::config::{Config, Upstream};
+use braid_proxy::server::Server;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// A plain origin: path → (body, etag). Counts GETs.
+#[derive(Clone, Default)]
+struct Origin {
+    docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
+    gets: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    fn set(&self, path: &str, body: impl Into<Bytes>) {
+        let mut docs = self.docs.lock().expect("lock");
+        let n = docs.get(path).map_or(1, |(_, n)| n + 1);
+        docs.insert(path.to_string(), (body.into(), n));
+    }
+
+    async fn start(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
+        let addr = listener.local_addr().expect("addr");
+        let origin = self.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let origin = origin.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let origin = origin.clone();
+                        async move { Ok::<_, Infallible>(origin.answer(req)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        let doc = self
+            .docs
+            .lock()
+            .expect("lock")
+            .get(req.uri().path())
+            .cloned();
+        let Some((body, n)) = doc else {
+            return Response::builder()
+                .status(404)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        };
+        let etag = format!("\"e{n}\"");
+        if req
+            .headers()
+            .get("if-none-match")
+            .and_then(|v| v.to_str().ok())
+            == Some(etag.as_str())
+        {
+            return Response::builder()
+                .status(304)
+                .header("etag", etag)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
+        Response::builder()
+            .header("etag", etag)
+            .header("content-type", "text/plain")
+            .body(Full::new(body))
+            .expect("response")
+    }
+}
+
+struct Proxy {
+    addr: SocketAddr,
+    admin: SocketAddr,
+}
+
+async fn proxy(origin: SocketAddr, tune: impl FnOnce(&mut Config)) -> Proxy {
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        upstream: Some(Upstream::parse(&format!("http://{origin}")).expect("upstream")),
+        // Changes arrive only by refresh or write-through in these tests.
+        poll_interval: Duration::from_secs(30),
+        ..Config::default()
+    };
+    tune(&mut config);
+    let server = Server::bind(config).await.expect("bind proxy");
+    let addr = server.local_addr().expect("addr");
+    let admin = server.admin_addr().expect("admin addr");
+    tokio::spawn(server.run(std::future::pending()));
+    Proxy { addr, admin }
+}
+
+/// Sends raw request bytes and reads until `until` appears in the reply (or the connection ends).
+async fn exchange(addr: SocketAddr, request: &str, until: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let text = read_until(&mut stream, until, String::new()).await;
+    (stream, text)
+}
+
+async fn read_until(stream: &mut TcpStream, until: &str, mut text: String) -> String {
+    let mut buf = [0u8; 8192];
+    let result = tokio::time::timeout(WAIT, async {
+        while !text.contains(until) {
+            let n = stream.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    })
+    .await;
+    assert!(
+        result.is_ok(),
+        "timed out waiting for {until:?}; got so far:\n{text}"
+    );
+    text
+}
+
+fn get(path: &str, extra: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n")
+}
+
+#[tokio::test]
+async fn refresh_hook_revalidates_at_once() {
+    let origin = Origin::default();
+    origin.set("/doc", "first version of the document\n");
+    let addr = origin.start().await;
+    let p = proxy(addr, |_| {}).await;
+    let (mut sub, text) =
+        exchange(p.addr, &get("/doc", "Subscribe: true\r\n"), "first version").await;
+    assert!(text.starts_with("HTTP/1.1 209 Subscription\r\n"), "{text}");
+
+    origin.set("/doc", "second version of the document\n");
+    let (_, answer) = exchange(
+        p.admin,
+        "POST /refresh?path=/doc HTTP/1.1\r\nHost: x\r\n\r\n",
+        "\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    let text = read_until(&mut sub, "Parents: \"e1\"", String::new()).await;
+    assert!(text.contains("Version: \"e2\""), "{text}");
+    assert!(
+        text.contains("Content-Range: text ["),
+        "a small edit arrives as a patch: {text}"
+    );
+
+    let (_, untracked) = exchange(
+        p.admin,
+        "POST /refresh?path=/other HTTP/1.1\r\nHost: x\r\n\r\n",
+        "\r\n\r\n",
+    )
+    .await;
+    assert!(untracked.contains("not tracked"), "{untracked}");
+    let (_, bad) = exchange(
+        p.admin,
+        "POST /refresh HTTP/1.1\r\nHost: x\r\n\r\n",
+        "\r\n\r\n",
+    )
+    .await;
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+}
+
+#[tokio::test]
+async fn plain_get_is_served_from_state_with_304() {
+    let origin = Origin::default();
+    origin.set("/doc", "hello");
+    let addr = origin.start().await;
+    let p = proxy(addr, |c| c.poll_interval = Duration::from_secs(60)).await;
+    let (_, first) = exchange(p.addr, &get("/doc", "Connection: close\r\n"), "hello").await;
+    assert!(
+        first.contains("version: \"e1\"") && first.contains("etag: \"e1\""),
+        "{first}"
+    );
+    assert!(first.contains("repr-digest: sha-256=:"), "{first}");
+    let gets = origin.gets.load(Ordering::SeqCst);
+    let (_, second) = exchange(
+        p.addr,
+        &get("/doc", "If-None-Match: \"e1\"\r\nConnection: close\r\n"),
+        "\r\n\r\n",
+    )
+    .await;
+    assert!(second.starts_with("HTTP/1.1 304"), "{second}");
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        gets,
+        "a fresh state is not asked of the origin again"
+    );
+}
+
+#[tokio::test]
+async fn caps_answer_503_with_retry_after() {
+    let origin = Origin::default();
+    origin.set("/doc", "capped");
+    let addr = origin.start().await;
+    let p = proxy(addr, |c| c.max_subscriptions_per_resource = 1).await;
+    let (_first, ok) = exchange(p.addr, &get("/doc", "Subscribe: true\r\n"), "capped").await;
+    assert!(ok.starts_with("HTTP/1.1 209"), "{ok}");
+    let (_, refused) = exchange(p.addr, &get("/doc", "Subscribe: true\r\n"), "\r\n\r\n").await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 5"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn cors_preflight_and_exposed_headers() {
+    let origin = Origin::default();
+    origin.set("/doc", "cors");
+    let addr = origin.start().await;
+    let p = proxy(addr, |c| {
+        c.cors_origins = vec!["https://app.example".into()]
+    })
+    .await;
+    let preflight = "OPTIONS /doc HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\nAccess-Control-Request-Method: GET\r\nAccess-Control-Request-Headers: subscribe, parents\r\n\r\n";
+    let (_, answer) = exchange(p.addr, preflight, "\r\n\r\n").await;
+    let lower = answer.to_ascii_lowercase();
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    assert!(
+        lower.contains("access-control-allow-origin: https://app.example"),
+        "{answer}"
+    );
+    assert!(
+        lower.contains("access-control-allow-headers: subscribe, version, parents"),
+        "{answer}"
+    );
+    let (_, sub) = exchange(
+        p.addr,
+        &get("/doc", "Origin: https://app.example\r\nSubscribe: true\r\n"),
+        "cors",
+    )
+    .await;
+    assert!(
+        sub.to_ascii_lowercase()
+            .contains("access-control-expose-headers: version, parents, current-version"),
+        "{sub}"
+    );
+    let (_, other) = exchange(
+        p.addr,
+        &get(
+            "/doc",
+            "Origin: https://evil.example\r\nConnection: close\r\n",
+        ),
+        "cors",
+    )
+    .await;
+    assert!(
+        !other
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin"),
+        "{other}"
+    );
+}
+
+#[tokio::test]
+async fn multiplexer_post_gets_a_fallback_answer() {
+    let origin = Origin::default();
+    let addr = origin.start().await;
+    let p = proxy(addr, |_| {}).await;
+    let post = "POST /.well-known/multiplexer/abc HTTP/1.1\r\nHost: x\r\nMultiplex-Version: 1.0\r\nContent-Length: 0\r\n\r\n";
+    let (_, answer) = exchange(p.addr, post, "\r\n\r\n").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 404"),
+        "not 2xx, 408, 429 or 5xx, so braid-http falls back: {answer}"
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_origin_body_over_the_limit_gives_an_error_update() {
+    let origin = Origin::default();
+    origin.set("/big", vec![b'x'; 4096]);
+    let addr = origin.start().await;
+    let p = proxy(addr, |c| c.max_body_bytes = 1024).await;
+    let (_, text) = exchange(
+        p.addr,
+        &get("/big", "Subscribe: true\r\n"),
+        "max-body-bytes",
+    )
+    .await;
+    assert!(
+        text.contains("HTTP/1.1 502 Bad Gateway\r\nVersion: "),
+        "{text}"
+    );
+    // A plain GET of it streams through from the origin instead.
+    let (_, plain) = exchange(
+        p.addr,
+        &get("/big", "Connection: close\r\n"),
+        &"x".repeat(4096),
+    )
+    .await;
+    assert!(
+        plain.starts_with("HTTP/1.1 200"),
+        "{}",
+        &plain[..200.min(plain.len())]
+    );
+}
