@@ -162,7 +162,9 @@ fn check_path(path: &str) -> Result<(), Refusal> {
         let s = segment.to_ascii_lowercase().replace("%2e", ".");
         s == ".." || s == "."
     });
-    if climbs || path.to_ascii_lowercase().contains("%2f") && path.contains("..") {
+    // An encoded slash next to dots could turn into a `..` segment upstream.
+    let encoded_climb = path.to_ascii_lowercase().contains("%2f") && path.contains("..");
+    if climbs || encoded_climb {
         return Err(Refusal::BadRequest(
             "request path must not contain . or .. segments".into(),
         ));

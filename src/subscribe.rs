@@ -269,7 +269,7 @@ impl Cursor {
                         self.heartbeat = None;
                     } else if !std::mem::replace(&mut self.sent_since_tick, false) {
                         Metrics::inc(&self.metrics.heartbeats_sent_total);
-                        let chunk = Chunk::counted(Bytes::from_static(b"\r\n"), &self.metrics);
+                        let chunk = Chunk::counted(braid::encode_heartbeat(), &self.metrics);
                         return Some((Ok(Frame::data(chunk)), self));
                     }
                 },

@@ -54,20 +54,11 @@ fn spans(patches: &[Patch]) -> Result<Vec<(usize, usize)>, PatchError> {
     Ok(out)
 }
 
-fn units<T>(
-    content: &Bytes,
-    unit: RangeUnit,
-    split: &impl Fn(&Bytes) -> Option<Vec<T>>,
-) -> Result<Vec<T>, PatchError> {
-    let _ = unit;
-    split(content).ok_or(PatchError::NotUtf8)
-}
-
 fn script<T>(
     patches: &[Patch],
     split: &impl Fn(&Bytes) -> Option<Vec<T>>,
 ) -> Result<Vec<Op<T>>, PatchError> {
-    let unit = common_unit(patches)?;
+    common_unit(patches)?;
     let mut ops = Vec::with_capacity(patches.len() * 3);
     let mut pos = 0;
     for (p, (a, b)) in patches.iter().zip(spans(patches)?) {
@@ -77,7 +68,7 @@ fn script<T>(
         if b > a {
             ops.push(Op::Delete(b - a));
         }
-        let content = units(&p.content, unit, split)?;
+        let content = split(&p.content).ok_or(PatchError::NotUtf8)?;
         if !content.is_empty() {
             ops.push(Op::Insert(content));
         }
