@@ -97,6 +97,9 @@ pub struct Args {
     /// Store a snapshot when patches exceed this fraction of the new body [default: 0.9]
     #[arg(long, value_name = "FRACTION")]
     pub snapshot_ratio: Option<String>,
+    /// Heartbeat interval asked of a Braid upstream; a subscription silent for three of them is reopened [default: 20s]
+    #[arg(long, value_name = "DURATION")]
+    pub upstream_heartbeat: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: braid-proxy-<hostname>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
@@ -170,6 +173,7 @@ pub struct Config {
     pub diff_timeout: Duration,
     pub snapshot_ratio: f64,
     pub proxy_id: String,
+    pub upstream_heartbeat: Duration,
 }
 
 impl Default for Config {
@@ -196,6 +200,7 @@ impl Default for Config {
             diff_timeout: Duration::from_millis(50),
             snapshot_ratio: 0.9,
             proxy_id: default_proxy_id(),
+            upstream_heartbeat: Duration::from_secs(20),
         }
     }
 }
@@ -283,7 +288,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 21] = [
+        let pairs: [(&'static str, Option<String>); 22] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -307,6 +312,7 @@ impl Config {
             ("diff-timeout", args.diff_timeout),
             ("snapshot-ratio", args.snapshot_ratio),
             ("proxy-id", args.proxy_id),
+            ("upstream-heartbeat", args.upstream_heartbeat),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -378,6 +384,13 @@ impl Config {
                 }
                 self.proxy_id = v.to_string();
             }
+            "upstream-heartbeat" => {
+                let d = positive(parse_duration(v).map_err(e)?, key)?;
+                if d > Duration::from_secs(3600) {
+                    return Err(e("at most 1h".into()));
+                }
+                self.upstream_heartbeat = d;
+            }
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
         }
@@ -408,6 +421,7 @@ const KEYS: &[&str] = &[
     "diff-timeout",
     "snapshot-ratio",
     "proxy-id",
+    "upstream-heartbeat",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {

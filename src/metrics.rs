@@ -23,6 +23,10 @@ pub struct Metrics {
     pub polls_not_modified_total: AtomicU64,
     pub diffs_total: AtomicU64,
     pub diffs_fallback_snapshot_total: AtomicU64,
+    pub upstream_subscriptions: AtomicI64,
+    pub upstream_updates_total: AtomicU64,
+    pub upstream_reconnects_total: AtomicU64,
+    pub upstream_resyncs_total: AtomicU64,
 }
 
 impl Metrics {
@@ -42,7 +46,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 12] = [
+        let counters: [(&str, &AtomicU64, &str); 15] = [
             (
                 "requests_total",
                 &self.requests_total,
@@ -99,13 +103,33 @@ impl Metrics {
                 "Conditional polls answered 304.",
             ),
             ("diffs_total", &self.diffs_total, "Diffs computed."),
+            (
+                "upstream_updates_total",
+                &self.upstream_updates_total,
+                "Updates received on Braid upstream subscriptions.",
+            ),
+            (
+                "upstream_reconnects_total",
+                &self.upstream_reconnects_total,
+                "Braid upstream subscriptions opened again after one ended or broke.",
+            ),
+            (
+                "upstream_resyncs_total",
+                &self.upstream_resyncs_total,
+                "Braid upstream subscriptions restarted from a snapshot (unknown parents, unusable patches).",
+            ),
         ];
         for (name, value, help) in counters {
             let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} counter\nbraid_proxy_{name} {}", value.load(Relaxed));
         }
         let _ = writeln!(out, "# HELP braid_proxy_diffs_fallback_snapshot_total Diffs replaced by a snapshot (too large or too slow).\n# TYPE braid_proxy_diffs_fallback_snapshot_total counter\nbraid_proxy_diffs_fallback_snapshot_total {}", self.diffs_fallback_snapshot_total.load(Relaxed));
-        let gauges: [(&str, &AtomicI64, &str); 4] = [
+        let gauges: [(&str, &AtomicI64, &str); 5] = [
             ("subscriptions", &self.subscriptions, "Open subscriptions."),
+            (
+                "upstream_subscriptions",
+                &self.upstream_subscriptions,
+                "Open subscriptions to a Braid upstream (one per resource at most).",
+            ),
             ("resources", &self.resources, "Resources tracked."),
             (
                 "history_bytes",

@@ -182,6 +182,21 @@ pub fn via_names(headers: &HeaderMap, id: &str) -> bool {
         .any(|entry| entry.split_whitespace().nth(1) == Some(id))
 }
 
+/// The `Via` value of a request this proxy makes on behalf of `headers`'
+/// request: the entries it came with, then this proxy's own. Requests of
+/// the watcher a client request started carry it, so a loop of tiers is
+/// refused with 508 like a loop of pass-through requests.
+pub fn via_chain(headers: &HeaderMap, id: &str) -> Option<HeaderValue> {
+    let mut chain: Vec<&str> = headers
+        .get_all(header::VIA)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let own = via_entry(Version::HTTP_11, id);
+    chain.push(&own);
+    HeaderValue::from_str(&chain.join(", ")).ok()
+}
+
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
 /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {

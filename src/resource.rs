@@ -101,6 +101,29 @@ fn digest_header(digest: &str) -> Vec<(HeaderName, HeaderValue)> {
     }
 }
 
+/// A new state to publish, as the watcher learned it.
+#[derive(Debug)]
+pub struct Change {
+    pub state: State,
+    /// The version the upstream named (a Braid upstream's `Version`); `None`
+    /// derives it from the strong ETag or the content.
+    pub version: Option<VersionList>,
+    /// The upstream's patches from the current head to `state`, when it sent
+    /// patches whose parents are the current head; `None` diffs locally.
+    pub patches: Option<Vec<Patch>>,
+}
+
+impl Change {
+    /// A state whose version is derived from its ETag or content.
+    pub fn derived(state: State) -> Change {
+        Change {
+            state,
+            version: None,
+            patches: None,
+        }
+    }
+}
+
 /// One step of history: how to go from `seq - 1` to `seq`.
 struct Step {
     /// `None` when the step cannot be expressed as patches (status change, snapshot).
@@ -179,6 +202,9 @@ pub struct Validation {
     pub failed: bool,
     /// Set by write-through and refresh: the state must be revalidated before use.
     pub stale: bool,
+    /// Set while a Braid upstream subscription is open: the state is kept
+    /// current by the upstream's pushes, so it needs no revalidation.
+    pub live: bool,
 }
 
 impl Resource {
@@ -218,7 +244,8 @@ impl Resource {
         *lock(&self.last_used) = Instant::now();
     }
 
-    fn idle_for(&self) -> Duration {
+    /// How long since a request last used this resource.
+    pub fn idle_for(&self) -> Duration {
         lock(&self.last_used).elapsed()
     }
 
@@ -250,6 +277,12 @@ impl Resource {
         });
     }
 
+    /// Records whether a Braid upstream subscription is open.
+    pub fn set_live(&self, live: bool) {
+        self.validated
+            .send_if_modified(|v| std::mem::replace(&mut v.live, live) != live);
+    }
+
     /// The history position of a version, if it is the head or still in the window.
     pub fn seq_of(&self, version: &VersionList) -> Option<u64> {
         let head = self.head();
@@ -269,17 +302,31 @@ impl Resource {
     /// is the version already current (nothing to publish).
     pub fn publish(
         &self,
-        state: State,
+        change: Change,
         history: &History,
         tuning: &Tuning,
         metrics: &Metrics,
     ) -> bool {
         let previous = self.head();
-        let (version, digest) = version_of(&state);
+        let Change {
+            state,
+            version,
+            patches: upstream_patches,
+        } = change;
+        let (derived, digest) = version_of(&state);
+        let version = version.filter(|v| !v.is_empty()).unwrap_or(derived);
         if previous.seq > 0 && previous.version == version {
             return false;
         }
-        let patches = match (&previous.state, &state) {
+        let budget =
+            |body_len: usize| (snapshot_wire_len(body_len) as f64 * tuning.snapshot_ratio) as usize;
+        let patches = match (&previous.state, &state, upstream_patches) {
+            // The upstream's own patches, against the version we have: kept as sent.
+            (State::Present { .. }, State::Present { body: new, .. }, Some(patches))
+                if previous.seq > 0 =>
+            {
+                within(&patches, budget(new.len())).then_some(patches)
+            }
             (
                 State::Present {
                     body: old,
@@ -291,13 +338,13 @@ impl Resource {
                     content_type: new_ct,
                     ..
                 },
+                _,
             ) if old_ct == new_ct => {
                 Metrics::inc(&metrics.diffs_total);
                 let text = new_ct.as_deref().is_some_and(diff::is_text_content_type);
                 let deadline = Instant::now() + tuning.diff_timeout;
                 let outcome = diff::diff(old, new, text, deadline);
-                let budget = (snapshot_wire_len(new.len()) as f64 * tuning.snapshot_ratio) as usize;
-                if outcome.timed_out || braid::patches_wire_len(&outcome.patches) > budget {
+                if outcome.timed_out || !within(&outcome.patches, budget(new.len())) {
                     Metrics::inc(&metrics.diffs_fallback_snapshot_total);
                     None
                 } else {
@@ -407,7 +454,7 @@ impl Resource {
             });
         }
         let patches = composed?;
-        if braid::patches_wire_len(&patches) >= snapshot_wire_len(head.body().len()) {
+        if !within(&patches, snapshot_wire_len(head.body().len())) {
             return None;
         }
         let bytes = braid::encode(&Update {
@@ -421,6 +468,12 @@ impl Resource {
         Metrics::inc(&metrics.collapsed_total);
         Some(bytes)
     }
+}
+
+/// Whether patches are worth sending instead of a snapshot: at most
+/// `budget` bytes on the wire and at most [`braid::MAX_PATCHES`] of them.
+fn within(patches: &[Patch], budget: usize) -> bool {
+    patches.len() <= braid::MAX_PATCHES && braid::patches_wire_len(patches) <= budget
 }
 
 /// About how many bytes a snapshot of a body this long takes on the wire

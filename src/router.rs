@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Method, Request, Response};
+use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 use tracing::info;
@@ -57,7 +57,8 @@ impl Router {
             resource_idle: config.resource_idle,
             max_body_bytes: config.max_body_bytes,
             response_timeout: config.response_timeout,
-            via: HeaderValue::from_str(&format!("1.1 {}", config.proxy_id))?,
+            max_header_bytes: config.max_header_bytes,
+            upstream_heartbeat: config.upstream_heartbeat,
         });
         let subscriptions = Subscriptions {
             history,
@@ -185,14 +186,17 @@ impl Router {
     /// The resource for a request, starting its watcher when it is new.
     fn resource<T>(
         &self,
-        key: &str,
+        req: &Request<Incoming>,
         with: impl FnOnce(&Arc<Resource>) -> T,
-    ) -> (Arc<Resource>, bool, T) {
-        let (resource, created, t) = self.inner.registry.get_or_create(key, with);
+    ) -> Result<(Arc<Resource>, bool, T), Refusal> {
+        let key = key_of(req);
+        let via = proxy::via_chain(req.headers(), &self.inner.config.proxy_id)
+            .ok_or_else(|| Refusal::BadRequest("malformed Via header".into()))?;
+        let (resource, created, t) = self.inner.registry.get_or_create(&key, with);
         if created {
-            tokio::spawn(self.inner.watchers.clone().watch(resource.clone()));
+            tokio::spawn(self.inner.watchers.clone().watch(resource.clone(), via));
         }
-        (resource, created, t)
+        Ok((resource, created, t))
     }
 
     /// Waits (bounded) for the first state of a new resource, or a fresh one.
@@ -202,7 +206,7 @@ impl Router {
         let fresh = !created
             && !v.stale
             && !v.failed
-            && v.at.is_some_and(|at| at.elapsed() < config.poll_interval)
+            && (v.live || v.at.is_some_and(|at| at.elapsed() < config.poll_interval))
             && resource.head().seq > 0;
         if !fresh {
             if !created {
@@ -218,8 +222,12 @@ impl Router {
         req: Request<Incoming>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
-        let key = key_of(&req);
-        let (resource, created, rx) = self.resource(&key, |r| r.subscribe());
+        let (resource, created, rx) = self.resource(&req, |r| r.subscribe())?;
+        if !created && resource.subscribers() == 1 {
+            // The first subscriber of a resource plain GETs made: ask the
+            // upstream for a subscription now rather than at the next poll.
+            resource.wake.notify_one();
+        }
         if resource.head().seq == 0 {
             self.fresh(&resource, created).await;
         }
@@ -236,8 +244,7 @@ impl Router {
         req: Request<Incoming>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
-        let key = key_of(&req);
-        let (resource, created, ()) = self.resource(&key, |_| ());
+        let (resource, created, ()) = self.resource(&req, |_| ())?;
         self.fresh(&resource, created).await;
         let head = resource.head();
         if resource.validation().failed || head.seq == 0 {

@@ -77,6 +77,21 @@ fn bare_lf_blank_lines_and_patches_blocks() {
 }
 
 #[test]
+fn status_line_as_braid_http_servers_write_it() {
+    // braid-http 1.3.80's server writes `HTTP 200 OK`, without a protocol version.
+    let stream = b"HTTP 200 OK\r\nVersion: \"v1\"\r\nContent-Length: 11\r\n\r\nhello world\r\n\r\nHTTP 404 Not Found\r\nVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 0\r\n\r\n";
+    let updates = decode_all(stream, 3).expect("decodes");
+    assert_eq!(updates.len(), 2);
+    assert_eq!(updates[0].status, Some(200));
+    assert_eq!(
+        updates[0].body,
+        Body::Snapshot(Bytes::from_static(b"hello world"))
+    );
+    assert_eq!(updates[1].status, Some(404));
+    assert_eq!(updates[1].parents, versions(&["v1"]));
+}
+
+#[test]
 fn limits_give_typed_errors() {
     let limits = DecodeLimits {
         max_header_block: 64,

@@ -2,8 +2,9 @@
 //! the refresh hook, plain GETs from state (304), subscription caps, CORS,
 //! the multiplexer fallback, and origin bodies over the limit.
 
+mod common;
+
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,10 +16,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -37,24 +36,8 @@ impl Origin {
     }
 
     async fn start(&self) -> SocketAddr {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
-        let addr = listener.local_addr().expect("addr");
         let origin = self.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let origin = origin.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: Request<Incoming>| {
-                        let origin = origin.clone();
-                        async move { Ok::<_, Infallible>(origin.answer(req)) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        addr
+        common::serve(move |req| origin.answer(req)).await
     }
 
     fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {

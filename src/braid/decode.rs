@@ -25,7 +25,7 @@ impl Default for DecodeLimits {
         DecodeLimits {
             max_header_block: 64 * 1024,
             max_content_length: 64 * 1024 * 1024,
-            max_patches: 1024,
+            max_patches: super::MAX_PATCHES,
         }
     }
 }
@@ -147,7 +147,9 @@ fn header_block(
         if line.is_empty() {
             return Ok(Some((status, headers, pos)));
         }
-        if allow_status && headers.is_empty() && status.is_none() && line.starts_with(b"HTTP/") {
+        // `HTTP/1.1 200 OK`, or `HTTP 200 OK` as braid-http's server writes it.
+        let status_line = line.starts_with(b"HTTP/") || line.starts_with(b"HTTP ");
+        if allow_status && headers.is_empty() && status.is_none() && status_line {
             status = Some(parse_status(line)?);
             continue;
         }

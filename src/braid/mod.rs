@@ -17,6 +17,10 @@ pub use patch::{apply_patches, compose, PatchError};
 
 use bytes::Bytes;
 
+/// Most patches the proxy puts in one update, and accepts in one by default;
+/// an update that would need more is sent as a snapshot.
+pub const MAX_PATCHES: usize = 1024;
+
 /// The unit a patch's range counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RangeUnit {

@@ -1,0 +1,395 @@
+//! Tiers of proxies: a plain origin, a shield braid-proxy polling it, and
+//! edge braid-proxies following the shield's Braid subscriptions, all on
+//! 127.0.0.1:0 in this process. Subscribers are hyper clients on real
+//! sockets whose streams are decoded with the crate's codec.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use braid_proxy::braid::{self, DecodeLimits, Decoder, VersionList};
+use braid_proxy::config::{Config, Upstream};
+use braid_proxy::server::Server;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A plain REST origin: path → (body, n), ETag `"eN"`. Records every
+/// request's path and `Via`.
+#[derive(Clone, Default)]
+struct Origin {
+    docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
+    requests: Arc<Mutex<Vec<(String, String)>>>,
+    gets: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    /// Stores a new version of `path`; returns its ETag value.
+    fn set(&self, path: &str, body: impl Into<Bytes>) -> String {
+        let mut docs = self.docs.lock().expect("lock");
+        let n = docs.get(path).map_or(1, |(_, n)| n + 1);
+        docs.insert(path.to_string(), (body.into(), n));
+        format!("e{n}")
+    }
+
+    async fn start(&self) -> SocketAddr {
+        let origin = self.clone();
+        common::serve(move |req| origin.answer(req)).await
+    }
+
+    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        let via = req
+            .headers()
+            .get("via")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        self.requests
+            .lock()
+            .expect("lock")
+            .push((req.uri().path().to_string(), via));
+        let doc = self
+            .docs
+            .lock()
+            .expect("lock")
+            .get(req.uri().path())
+            .cloned();
+        let Some((body, n)) = doc else {
+            return Response::builder()
+                .status(404)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        };
+        let etag = format!("\"e{n}\"");
+        let matches = req
+            .headers()
+            .get("if-none-match")
+            .and_then(|v| v.to_str().ok())
+            == Some(etag.as_str());
+        let builder = Response::builder().header("etag", etag);
+        if matches {
+            return builder
+                .status(304)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
+        builder
+            .header("content-type", "text/plain")
+            .body(Full::new(body))
+            .expect("response")
+    }
+}
+
+fn config(id: &str, upstream: SocketAddr, listen: SocketAddr) -> Config {
+    Config {
+        listen,
+        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        upstream: Some(Upstream::parse(&format!("http://{upstream}")).expect("upstream")),
+        poll_interval: Duration::from_millis(100),
+        heartbeat: Duration::ZERO,
+        proxy_id: id.to_string(),
+        shutdown_grace: Duration::from_millis(200),
+        ..Config::default()
+    }
+}
+
+/// A running proxy; dropping `stop` (or sending on it) shuts it down.
+struct Tier {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Tier {
+    async fn start(config: Config) -> Tier {
+        let server = Server::bind(config).await.expect("bind proxy");
+        let addr = server.local_addr().expect("addr");
+        let admin = server.admin_addr().expect("admin addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(async move {
+            server
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("proxy runs");
+        });
+        Tier {
+            addr,
+            admin,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    /// Shuts the proxy down and waits until it has.
+    async fn kill(mut self) {
+        drop(self.stop.take());
+        tokio::time::timeout(WAIT, &mut self.done)
+            .await
+            .expect("proxy stops in time")
+            .expect("proxy task");
+    }
+
+    /// One metric's value from the admin listener.
+    async fn metric(&self, name: &str) -> f64 {
+        let (status, text) = plain_get(self.admin, "/metrics").await;
+        assert_eq!(status, 200);
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("braid_proxy_{name} ")))
+            .unwrap_or_else(|| panic!("metric {name} missing:\n{text}"))
+            .trim()
+            .parse()
+            .expect("number")
+    }
+}
+
+/// Sends one GET on a new connection; `subscribe` adds `Subscribe: true`.
+async fn request(addr: SocketAddr, path: &str, subscribe: bool) -> Response<Incoming> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::get(path).header("host", addr.to_string());
+    if subscribe {
+        req = req.header("subscribe", "true");
+    }
+    let req = req.body(Empty::<Bytes>::new()).expect("request");
+    tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("response")
+}
+
+async fn plain_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let response = request(addr, path, false).await;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// What one subscriber saw.
+#[derive(Debug, Default)]
+struct Seen {
+    body: Vec<u8>,
+    version: VersionList,
+    /// Every version received, in order.
+    versions: Vec<String>,
+}
+
+/// Subscribes to `path` at `addr` and follows the stream until the
+/// subscriber's version is `until`, checking that every update's parents
+/// are the version it had (no gap) and that no version repeats.
+async fn follow(addr: SocketAddr, path: &str, until: String) -> Seen {
+    let response = request(addr, path, true).await;
+    assert_eq!(response.status().as_u16(), 209, "subscription status");
+    let mut body = response.into_body();
+    let mut decoder = Decoder::new(DecodeLimits::default());
+    let mut seen = Seen::default();
+    let followed = tokio::time::timeout(WAIT, async {
+        loop {
+            while let Some(update) = decoder.next_update().expect("well-formed update") {
+                let id = update.version.to_header_value();
+                assert!(
+                    !seen.versions.contains(&id),
+                    "version {id} delivered twice: {:?}",
+                    seen.versions
+                );
+                if !seen.versions.is_empty() {
+                    assert_eq!(
+                        update.parents, seen.version,
+                        "update {id} does not follow the version the subscriber had"
+                    );
+                }
+                seen.body = match update.body {
+                    braid::Body::Snapshot(b) => b.to_vec(),
+                    braid::Body::Patches(p) => {
+                        braid::apply_patches(&seen.body, &p).expect("patches apply")
+                    }
+                };
+                seen.version = update.version;
+                seen.versions.push(id);
+                if seen.version.to_header_value() == format!("\"{until}\"") {
+                    return;
+                }
+            }
+            let frame = body
+                .frame()
+                .await
+                .expect("stream stays open")
+                .expect("frame");
+            if let Ok(data) = frame.into_data() {
+                decoder.push(&data);
+            }
+        }
+    })
+    .await;
+    assert!(
+        followed.is_ok(),
+        "subscriber at {addr} never reached {until}; saw {:?}",
+        seen.versions
+    );
+    seen
+}
+
+/// `per_tier` subscribers to `/doc` on each tier, each following to `until`.
+fn subscribe_on(
+    tiers: &[&Tier],
+    per_tier: usize,
+    until: &str,
+) -> Vec<tokio::task::JoinHandle<Seen>> {
+    let mut subscribers = Vec::new();
+    for tier in tiers {
+        for _ in 0..per_tier {
+            subscribers.push(tokio::spawn(follow(tier.addr, "/doc", until.to_string())));
+        }
+    }
+    subscribers
+}
+
+fn doc(n: usize) -> String {
+    let mut text = String::new();
+    for line in 0..200 {
+        text.push_str(&format!("line {line}: the same words every time\n"));
+    }
+    text.push_str(&format!("edit number {n}\n"));
+    text
+}
+
+/// Starts origin, shield and two edges; returns the origin's address too.
+async fn chain(origin: &Origin) -> (SocketAddr, Tier, Tier, Tier) {
+    let origin_addr = origin.start().await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let shield = Tier::start(config("shield", origin_addr, any)).await;
+    let edge_a = Tier::start(config("edge-a", shield.addr, any)).await;
+    let edge_b = Tier::start(config("edge-b", shield.addr, any)).await;
+    (origin_addr, shield, edge_a, edge_b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_tiers_share_versions_and_the_origin_sees_only_the_shield() {
+    let origin = Origin::default();
+    let mut last = origin.set("/doc", doc(0));
+    let (_, shield, edge_a, edge_b) = chain(&origin).await;
+
+    // Five subscribers on each edge, each following to the 6th version.
+    let target = "e6".to_string();
+    let subscribers = subscribe_on(&[&edge_a, &edge_b], 5, &target);
+    // Let every subscription open before changing the document.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        shield.metric("subscriptions").await,
+        2.0,
+        "the shield holds one subscription per edge"
+    );
+    for edge in [&edge_a, &edge_b] {
+        assert_eq!(edge.metric("subscriptions").await, 5.0);
+        assert_eq!(edge.metric("upstream_subscriptions").await, 1.0);
+    }
+    for n in 1..=5 {
+        last = origin.set("/doc", doc(n));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(last, target);
+    for s in subscribers {
+        let seen = s.await.expect("subscriber");
+        assert!(
+            seen.body == doc(5).as_bytes(),
+            "edge subscriber ended elsewhere"
+        );
+        assert_eq!(seen.versions.first().map(String::as_str), Some("\"e1\""));
+    }
+
+    // The origin's load: only the shield, about one poll per interval.
+    let before = origin.gets.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let polls = origin.gets.load(Ordering::SeqCst) - before;
+    assert!(
+        (3..=14).contains(&polls),
+        "expected about 10 polls in 1 s at a 100 ms interval, got {polls}"
+    );
+    let requests = origin.requests.lock().expect("lock").clone();
+    assert!(
+        requests
+            .iter()
+            .all(|(_, via)| via.trim_end().ends_with("1.1 shield")),
+        "every origin request came from the shield: {requests:?}"
+    );
+    // Plain GETs at an edge are answered from its state with the same version.
+    let (status, body) = plain_get(edge_b.addr, "/doc").await;
+    assert_eq!((status, body), (200, doc(5)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edges_converge_across_a_shield_restart() {
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    let (origin_addr, shield, edge_a, edge_b) = chain(&origin).await;
+    let shield_addr = shield.addr;
+
+    // doc(n) is version e(n+1): the origin's first version is doc(0).
+    let target = "e9".to_string();
+    let subscribers = subscribe_on(&[&edge_a, &edge_b], 3, &target);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 1..=3 {
+        origin.set("/doc", doc(n));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    shield.kill().await;
+    // Changes while the edges cannot reach the shield.
+    for n in 4..=6 {
+        origin.set("/doc", doc(n));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let shield = Tier::start(config("shield", origin_addr, shield_addr)).await;
+    let mut last = String::new();
+    for n in 7..=8 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        last = origin.set("/doc", doc(n));
+    }
+    assert_eq!(last, target);
+    for s in subscribers {
+        let seen = s.await.expect("subscriber");
+        assert!(
+            seen.body == doc(8).as_bytes(),
+            "edge subscriber ended elsewhere"
+        );
+    }
+    for edge in [&edge_a, &edge_b] {
+        assert!(edge.metric("upstream_reconnects_total").await >= 1.0);
+    }
+    assert_eq!(shield.metric("subscriptions").await, 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_of_tiers_is_refused_not_hung() {
+    // Two proxies naming each other as upstream: the watcher chain carries
+    // Via, so the second hop back to the first is refused with 508.
+    let a_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let a_addr = a_listener.local_addr().expect("addr");
+    drop(a_listener);
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let b = Tier::start(config("tier-b", a_addr, any)).await;
+    let a = Tier::start(config("tier-a", b.addr, a_addr)).await;
+    let response = request(a.addr, "/x", true).await;
+    assert_eq!(response.status().as_u16(), 502);
+    assert!(b.metric("upstream_requests_total").await >= 1.0);
+}
