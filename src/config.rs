@@ -100,6 +100,9 @@ pub struct Args {
     /// Heartbeat interval asked of a Braid upstream; a subscription silent for three of them is reopened [default: 20s]
     #[arg(long, value_name = "DURATION")]
     pub upstream_heartbeat: Option<String>,
+    /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream, so that all subscriptions to it share one connection; for tiers of braid-proxies [default: false]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub upstream_h2c: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: braid-proxy-<hostname>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
@@ -174,6 +177,7 @@ pub struct Config {
     pub snapshot_ratio: f64,
     pub proxy_id: String,
     pub upstream_heartbeat: Duration,
+    pub upstream_h2c: bool,
 }
 
 impl Default for Config {
@@ -201,6 +205,7 @@ impl Default for Config {
             snapshot_ratio: 0.9,
             proxy_id: default_proxy_id(),
             upstream_heartbeat: Duration::from_secs(20),
+            upstream_h2c: false,
         }
     }
 }
@@ -275,6 +280,7 @@ impl Config {
                 toml::Value::String(s) => s,
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
                 other => {
                     return Err(bad(
                         key,
@@ -288,7 +294,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 22] = [
+        let pairs: [(&'static str, Option<String>); 23] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -313,6 +319,7 @@ impl Config {
             ("snapshot-ratio", args.snapshot_ratio),
             ("proxy-id", args.proxy_id),
             ("upstream-heartbeat", args.upstream_heartbeat),
+            ("upstream-h2c", args.upstream_h2c),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -391,6 +398,13 @@ impl Config {
                 }
                 self.upstream_heartbeat = d;
             }
+            "upstream-h2c" => {
+                self.upstream_h2c = match v.trim() {
+                    "true" | "yes" | "on" | "1" => true,
+                    "false" | "no" | "off" | "0" => false,
+                    other => return Err(e(format!("`{other}` is not true or false"))),
+                }
+            }
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
         }
@@ -422,6 +436,7 @@ const KEYS: &[&str] = &[
     "snapshot-ratio",
     "proxy-id",
     "upstream-heartbeat",
+    "upstream-h2c",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {

@@ -12,7 +12,7 @@ use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::body::{self, Body};
 use crate::config::{Config, Upstream};
@@ -44,6 +44,11 @@ impl UpstreamClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(64)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .http2_only(config.upstream_h2c)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_while_idle(true)
             .build(connector);
         UpstreamClient {
             client,

@@ -93,6 +93,8 @@ enum Followed {
 enum End {
     Idle,
     Closed,
+    /// Nothing, not even a heartbeat, for three heartbeat intervals.
+    Silent,
     Broken(String),
     /// The stream cannot be followed from here: reopen it for a snapshot.
     Resync(&'static str),
@@ -242,6 +244,8 @@ impl Watchers {
         match end {
             End::Idle => return Followed::Idle,
             End::Closed => debug!(resource = w.resource.key(), "upstream subscription ended"),
+            // An upstream that sends no heartbeats: reopen quietly.
+            End::Silent => debug!(resource = w.resource.key(), "upstream subscription silent"),
             End::Broken(reason) => {
                 warn!(resource = w.resource.key(), %reason, "upstream subscription broke")
             }
@@ -314,9 +318,7 @@ impl Watchers {
                         }
                     }
                 },
-                _ = tokio::time::sleep_until(heard + silence) => {
-                    break End::Broken(format!("nothing received for {silence:?}"));
-                }
+                _ = tokio::time::sleep_until(heard + silence) => break End::Silent,
                 _ = resource.wake.notified() => {
                     // A write went through: give the upstream a moment to push it.
                     let limit = WRITE_WAIT.min(self.poll_interval);

@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +16,7 @@ use braid_proxy::braid::{self, DecodeLimits, Decoder, VersionList};
 use braid_proxy::config::{Config, Upstream};
 use braid_proxy::server::Server;
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -274,13 +276,19 @@ fn doc(n: usize) -> String {
     text
 }
 
-/// Starts origin, shield and two edges; returns the origin's address too.
+/// Starts origin, shield and two edges (one over HTTP/1.1, one over h2c);
+/// returns the origin's address too.
 async fn chain(origin: &Origin) -> (SocketAddr, Tier, Tier, Tier) {
     let origin_addr = origin.start().await;
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     let shield = Tier::start(config("shield", origin_addr, any)).await;
     let edge_a = Tier::start(config("edge-a", shield.addr, any)).await;
-    let edge_b = Tier::start(config("edge-b", shield.addr, any)).await;
+    // One edge speaks h2c to the shield: all its subscriptions on one connection.
+    let edge_b = Tier::start(Config {
+        upstream_h2c: true,
+        ..config("edge-b", shield.addr, any)
+    })
+    .await;
     (origin_addr, shield, edge_a, edge_b)
 }
 
@@ -392,4 +400,77 @@ async fn a_loop_of_tiers_is_refused_not_hung() {
     let response = request(a.addr, "/x", true).await;
     assert_eq!(response.status().as_u16(), 502);
     assert!(b.metric("upstream_requests_total").await >= 1.0);
+}
+
+/// A scripted Braid upstream: the n-th subscription request gets a 209
+/// whose body is `scripts[n]` (then stays open). Records every request's
+/// `Parents` header.
+async fn scripted_upstream(
+    scripts: Vec<&'static str>,
+) -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let parents = Arc::new(Mutex::new(Vec::new()));
+    let seen = parents.clone();
+    let scripts = Arc::new(scripts);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (seen, scripts) = (seen.clone(), scripts.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let mut log = seen.lock().expect("lock");
+                    log.push(
+                        req.headers()
+                            .get("parents")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string),
+                    );
+                    let script = scripts.get(log.len() - 1).copied().unwrap_or("");
+                    let chunks = futures_util::stream::iter([Ok::<_, Infallible>(
+                        http_body::Frame::data(Bytes::from_static(script.as_bytes())),
+                    )])
+                    .chain(futures_util::stream::pending());
+                    let response = Response::builder()
+                        .status(209)
+                        .header("content-type", "text/plain")
+                        .body(http_body_util::StreamBody::new(chunks))
+                        .expect("response");
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, parents)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_upstream_updates_lead_to_a_resume_or_a_snapshot() {
+    let (upstream, parents) = scripted_upstream(vec![
+        // A snapshot, a patch, then garbage: the stream is reopened from v2.
+        "Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello\r\n\r\n\
+         Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 6\r\nContent-Range: text [5:5]\r\n\r\n world\r\n\r\n\
+         this line has no colon\r\n\r\n",
+        // Resumed from v2: a patch whose parents are not v2, so the proxy
+        // cannot apply it and asks for a snapshot instead.
+        "Version: \"v4\"\r\nParents: \"v3\"\r\nContent-Length: 1\r\nContent-Range: text [0:0]\r\n\r\nX\r\n\r\n",
+        // The snapshot: subscribers get a diff from v2.
+        "Version: \"v4\"\r\nContent-Length: 12\r\n\r\nhello, world\r\n\r\n",
+    ])
+    .await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let edge = Tier::start(config("edge", upstream, any)).await;
+    let seen = follow(edge.addr, "/doc", "v4".to_string()).await;
+    assert_eq!(seen.body, b"hello, world");
+    assert_eq!(seen.versions.last().map(String::as_str), Some("\"v4\""));
+    assert_eq!(
+        *parents.lock().expect("lock"),
+        vec![None, Some("\"v2\"".to_string()), None],
+        "first subscription, resume from v2, then a fresh snapshot"
+    );
+    assert!(edge.metric("upstream_resyncs_total").await >= 1.0);
 }
