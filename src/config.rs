@@ -97,6 +97,9 @@ pub struct Args {
     /// Store a snapshot when patches exceed this fraction of the new body [default: 0.9]
     #[arg(long, value_name = "FRACTION")]
     pub snapshot_ratio: Option<String>,
+    /// Most concurrent streams on one HTTP/2 connection; an edge following this proxy over h2c holds one per resource [default: 10000]
+    #[arg(long, value_name = "N")]
+    pub max_streams_per_connection: Option<String>,
     /// Heartbeat interval asked of a Braid upstream; a subscription silent for three of them is reopened [default: 20s]
     #[arg(long, value_name = "DURATION")]
     pub upstream_heartbeat: Option<String>,
@@ -178,6 +181,7 @@ pub struct Config {
     pub proxy_id: String,
     pub upstream_heartbeat: Duration,
     pub upstream_h2c: bool,
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for Config {
@@ -206,6 +210,7 @@ impl Default for Config {
             proxy_id: default_proxy_id(),
             upstream_heartbeat: Duration::from_secs(20),
             upstream_h2c: false,
+            max_streams_per_connection: 10_000,
         }
     }
 }
@@ -294,7 +299,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 23] = [
+        let pairs: [(&'static str, Option<String>); 24] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -320,6 +325,10 @@ impl Config {
             ("proxy-id", args.proxy_id),
             ("upstream-heartbeat", args.upstream_heartbeat),
             ("upstream-h2c", args.upstream_h2c),
+            (
+                "max-streams-per-connection",
+                args.max_streams_per_connection,
+            ),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -398,6 +407,10 @@ impl Config {
                 }
                 self.upstream_heartbeat = d;
             }
+            "max-streams-per-connection" => {
+                self.max_streams_per_connection =
+                    in_range(parse_count(v).map_err(e)?, 1, 1_000_000, key)? as u32
+            }
             "upstream-h2c" => {
                 self.upstream_h2c = match v.trim() {
                     "true" | "yes" | "on" | "1" => true,
@@ -437,6 +450,7 @@ const KEYS: &[&str] = &[
     "proxy-id",
     "upstream-heartbeat",
     "upstream-h2c",
+    "max-streams-per-connection",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {

@@ -123,7 +123,7 @@ fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_header_list_size(config.max_header_bytes as u32)
         .max_send_buf_size(CONNECTION_WRITE_BUFFER)
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(config.max_streams_per_connection)
         .keep_alive_interval(Some(Duration::from_secs(30)));
     builder
 }

@@ -474,3 +474,30 @@ async fn unusable_upstream_updates_lead_to_a_resume_or_a_snapshot() {
     );
     assert!(edge.metric("upstream_resyncs_total").await >= 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_edge_follows_more_resources_than_one_connection_has_streams_by_default() {
+    // hyper's default cap is 200 concurrent streams per HTTP/2 connection;
+    // an edge over h2c holds one stream per resource on one connection.
+    let origin = Origin::default();
+    const RESOURCES: usize = 300;
+    for i in 0..RESOURCES {
+        origin.set(&format!("/r{i}"), format!("resource {i}\n"));
+    }
+    let (_, shield, _, edge) = chain(&origin).await;
+    let subscribers: Vec<_> = (0..RESOURCES)
+        .map(|i| {
+            let (addr, path) = (edge.addr, format!("/r{i}"));
+            tokio::spawn(async move { follow(addr, &path, "e1".to_string()).await })
+        })
+        .collect();
+    for (i, s) in subscribers.into_iter().enumerate() {
+        let seen = s.await.expect("subscriber");
+        assert_eq!(seen.body, format!("resource {i}\n").as_bytes());
+    }
+    assert_eq!(
+        edge.metric("upstream_subscriptions").await,
+        RESOURCES as f64
+    );
+    assert_eq!(shield.metric("subscriptions").await, RESOURCES as f64);
+}
