@@ -59,6 +59,7 @@ impl Router {
             response_timeout: config.response_timeout,
             max_header_bytes: config.max_header_bytes,
             upstream_heartbeat: config.upstream_heartbeat,
+            closing: closing_rx.clone(),
         });
         let subscriptions = Subscriptions {
             history,

@@ -41,6 +41,8 @@ pub struct Watchers {
     pub response_timeout: Duration,
     /// The heartbeat interval asked of a Braid upstream.
     pub upstream_heartbeat: Duration,
+    /// Set when the proxy shuts down: every watcher ends.
+    pub closing: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Longest wait between attempts after repeated errors.
@@ -127,6 +129,9 @@ impl Watchers {
         let mut poll_backoff: Option<Duration> = None;
         let mut woken = true; // the creator wants a first state
         loop {
+            if self.shutting_down() {
+                return;
+            }
             let subscribed = w.resource.subscribers() > 0;
             let mut braid_retry = None;
             if subscribed && w.mode != Mode::Poll {
@@ -165,14 +170,21 @@ impl Watchers {
         }
     }
 
+    /// True once the proxy shuts down (or is gone).
+    fn shutting_down(&self) -> bool {
+        *self.closing.borrow() || self.closing.has_changed().is_err()
+    }
+
     /// Waits `wait` or until woken; true when woken. Waiting out a Braid
     /// reconnect backoff is not cut short: a wake then only answers the
     /// waiting request at once (the state cannot be revalidated yet).
     async fn pause(&self, w: &Watch, wait: Duration, backing_off: bool) -> bool {
         let until = tokio::time::Instant::now() + wait;
+        let mut closing = self.closing.clone();
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => return false,
+                _ = closing.changed() => return false,
                 _ = w.resource.wake.notified() => {
                     if !backing_off {
                         return true;
@@ -301,6 +313,7 @@ impl Watchers {
             .resource_idle
             .clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut tick = tokio::time::interval(idle_check);
+        let mut closing = self.closing.clone();
         let end = loop {
             let answer_at = validate_by.unwrap_or_else(|| heard + silence);
             tokio::select! {
@@ -328,6 +341,7 @@ impl Watchers {
                     validate_by = None;
                     resource.validated(true);
                 }
+                _ = closing.changed() => break End::Idle,
                 _ = tick.tick() => {
                     if resource.subscribers() == 0 && resource.idle_for() >= self.resource_idle {
                         break End::Idle;

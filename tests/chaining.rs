@@ -501,3 +501,22 @@ async fn an_h2c_edge_follows_more_resources_than_one_connection_has_streams_by_d
     );
     assert_eq!(shield.metric("subscriptions").await, RESOURCES as f64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_edge_lets_go_of_its_upstream_subscriptions() {
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    let (_, shield, edge_a, _edge_b) = chain(&origin).await;
+    let seen = follow(edge_a.addr, "/doc", "e1".to_string()).await;
+    assert!(seen.body == doc(0).as_bytes());
+    assert_eq!(shield.metric("subscriptions").await, 1.0);
+    edge_a.kill().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while shield.metric("subscriptions").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shield still counts the stopped edge's subscription"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
