@@ -54,6 +54,10 @@ const FIRST_RECONNECT: Duration = Duration::from_millis(100);
 const HEALTHY_FOR: Duration = Duration::from_secs(2);
 /// Longest a write-through or refresh waits for a Braid upstream's update.
 const WRITE_WAIT: Duration = Duration::from_secs(1);
+/// How often a polled resource with subscribers asks again whether the
+/// upstream speaks Braid (it may have answered 200 or 404 from a load
+/// balancer or a restarting tier).
+const REPROBE: Duration = Duration::from_secs(300);
 
 /// How the upstream tells this resource's changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +83,8 @@ struct Watch {
     resync: bool,
     /// A Braid upstream subscription was opened before (the next is a reconnect).
     subscribed_before: bool,
+    /// When the upstream last answered `Subscribe` with something but 209.
+    polled_since: Instant,
 }
 
 /// How a Braid upstream subscription attempt ended.
@@ -125,6 +131,7 @@ impl Watchers {
             failures: 0,
             resync: false,
             subscribed_before: false,
+            polled_since: Instant::now(),
         };
         let mut poll_backoff: Option<Duration> = None;
         let mut woken = true; // the creator wants a first state
@@ -134,7 +141,8 @@ impl Watchers {
             }
             let subscribed = w.resource.subscribers() > 0;
             let mut braid_retry = None;
-            if subscribed && w.mode != Mode::Poll {
+            let probe = w.mode != Mode::Poll || w.polled_since.elapsed() >= REPROBE;
+            if subscribed && probe {
                 match self.follow(&mut w).await {
                     Followed::Idle => {}
                     Followed::Retry(delay) => braid_retry = Some(delay),
@@ -236,6 +244,7 @@ impl Watchers {
                 );
             }
             w.mode = Mode::Poll;
+            w.polled_since = Instant::now();
             return Followed::Polled;
         }
         if w.mode != Mode::Braid {
@@ -271,6 +280,7 @@ impl Watchers {
             }
             End::TooLarge => {
                 w.mode = Mode::Poll;
+                w.polled_since = Instant::now();
                 return Followed::Polled;
             }
         }

@@ -61,6 +61,20 @@ impl Origin {
             .lock()
             .expect("lock")
             .push((req.uri().path().to_string(), via));
+        if req.method() == http::Method::PUT {
+            // The body sent is not read: a PUT stores a numbered text.
+            let n = self
+                .docs
+                .lock()
+                .expect("lock")
+                .get(req.uri().path())
+                .map_or(0, |(_, n)| *n);
+            self.set(req.uri().path(), format!("written by PUT {n}\n"));
+            return Response::builder()
+                .status(204)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
         let doc = self
             .docs
             .lock()
@@ -518,5 +532,43 @@ async fn a_stopped_edge_lets_go_of_its_upstream_subscriptions() {
             "the shield still counts the stopped edge's subscription"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_an_edge_is_in_the_edges_next_get() {
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    let origin_addr = origin.start().await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    // Long poll intervals: only the write-through can make the change known.
+    let shield = Tier::start(Config {
+        poll_interval: Duration::from_secs(30),
+        ..config("shield", origin_addr, any)
+    })
+    .await;
+    let edge = Tier::start(Config {
+        poll_interval: Duration::from_secs(30),
+        ..config("edge", shield.addr, any)
+    })
+    .await;
+    let seen = follow(edge.addr, "/doc", "e1".to_string()).await;
+    assert!(seen.body == doc(0).as_bytes());
+    for round in 1..=3 {
+        let stream = TcpStream::connect(edge.addr).await.expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let put = Request::put("/doc")
+            .header("host", "edge")
+            .body(Empty::<Bytes>::new())
+            .expect("request");
+        let response = sender.send_request(put).await.expect("PUT answered");
+        assert_eq!(response.status().as_u16(), 204);
+        let (status, body) = plain_get(edge.addr, "/doc").await;
+        assert_eq!(status, 200);
+        let expected = origin.docs.lock().expect("lock")["/doc"].0.clone();
+        assert_eq!(body.as_bytes(), &expected[..], "round {round}");
     }
 }
