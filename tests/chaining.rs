@@ -159,6 +159,22 @@ impl Tier {
             .expect("proxy task");
     }
 
+    /// Waits (bounded) until a metric has the value `want`.
+    async fn wait_metric(&self, name: &str, want: f64, what: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let got = self.metric(name).await;
+            if got == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: {name} is {got}, expected {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// One metric's value from the admin listener.
     async fn metric(&self, name: &str) -> f64 {
         let (status, text) = plain_get(self.admin, "/metrics").await;
@@ -315,15 +331,17 @@ async fn three_tiers_share_versions_and_the_origin_sees_only_the_shield() {
     // Five subscribers on each edge, each following to the 6th version.
     let target = "e6".to_string();
     let subscribers = subscribe_on(&[&edge_a, &edge_b], 5, &target);
-    // Let every subscription open before changing the document.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        shield.metric("subscriptions").await,
-        2.0,
-        "the shield holds one subscription per edge"
-    );
+    // Every subscription opens before the document changes.
+    shield
+        .wait_metric(
+            "subscriptions",
+            2.0,
+            "one subscription per edge at the shield",
+        )
+        .await;
     for edge in [&edge_a, &edge_b] {
-        assert_eq!(edge.metric("subscriptions").await, 5.0);
+        edge.wait_metric("subscriptions", 5.0, "five at each edge")
+            .await;
         assert_eq!(edge.metric("upstream_subscriptions").await, 1.0);
     }
     for n in 1..=5 {
@@ -370,7 +388,13 @@ async fn edges_converge_across_a_shield_restart() {
     // doc(n) is version e(n+1): the origin's first version is doc(0).
     let target = "e9".to_string();
     let subscribers = subscribe_on(&[&edge_a, &edge_b], 3, &target);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    shield
+        .wait_metric(
+            "subscriptions",
+            2.0,
+            "one subscription per edge at the shield",
+        )
+        .await;
     for n in 1..=3 {
         origin.set("/doc", doc(n));
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -398,7 +422,13 @@ async fn edges_converge_across_a_shield_restart() {
     for edge in [&edge_a, &edge_b] {
         assert!(edge.metric("upstream_reconnects_total").await >= 1.0);
     }
-    assert_eq!(shield.metric("subscriptions").await, 2.0);
+    shield
+        .wait_metric(
+            "subscriptions",
+            2.0,
+            "the restarted shield has both edges back",
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,14 +555,9 @@ async fn a_stopped_edge_lets_go_of_its_upstream_subscriptions() {
     assert!(seen.body == doc(0).as_bytes());
     assert_eq!(shield.metric("subscriptions").await, 1.0);
     edge_a.kill().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while shield.metric("subscriptions").await > 0.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the shield still counts the stopped edge's subscription"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    shield
+        .wait_metric("subscriptions", 0.0, "the stopped edge's subscription ends")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
