@@ -372,4 +372,23 @@ mod tests {
         assert!(via_names(&h, "shield"));
         assert!(!via_names(&h, "edge"));
     }
+
+    #[test]
+    fn watcher_via_chain_keeps_the_callers_entries() {
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            via_chain(&h, "edge").expect("valid"),
+            HeaderValue::from_static("1.1 edge")
+        );
+        h.append(header::VIA, HeaderValue::from_static("1.1 lb"));
+        h.append(header::VIA, HeaderValue::from_static("2 edge-1"));
+        let chain = via_chain(&h, "shield").expect("valid");
+        assert_eq!(
+            chain,
+            HeaderValue::from_static("1.1 lb, 2 edge-1, 1.1 shield")
+        );
+        let mut next = HeaderMap::new();
+        next.insert(header::VIA, chain);
+        assert!(via_names(&next, "edge-1") && via_names(&next, "shield"));
+    }
 }
