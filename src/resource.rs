@@ -493,10 +493,13 @@ fn version_of(state: &State) -> (VersionList, String) {
         State::Unknown => {}
     }
     let hash = hasher.finalize();
-    let digest = format!(
-        "sha-256=:{}:",
-        base64::engine::general_purpose::STANDARD.encode(hash)
-    );
+    // `Repr-Digest` covers the bytes sent: the body, the reason of an
+    // error, nothing for a missing resource.
+    let digest = match state {
+        State::Present { .. } => format_digest(&hash),
+        State::Error { reason, .. } => repr_digest(format!("{reason}\n").as_bytes()),
+        _ => repr_digest(b""),
+    };
     let strong = match state {
         State::Present {
             etag: Some(etag), ..
@@ -514,6 +517,18 @@ fn version_of(state: &State) -> (VersionList, String) {
         .map(VersionList::single)
         .unwrap_or_default();
     (version, digest)
+}
+
+/// The `Repr-Digest` value of a body: `sha-256=:<base64>:`.
+pub fn repr_digest(body: &[u8]) -> String {
+    format_digest(&Sha256::digest(body))
+}
+
+fn format_digest(hash: &[u8]) -> String {
+    format!(
+        "sha-256=:{}:",
+        base64::engine::general_purpose::STANDARD.encode(hash)
+    )
 }
 
 /// The opaque value of a strong ETag (`"abc"` → `abc`); `None` for weak or malformed ones.
@@ -603,5 +618,33 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repr_digest_covers_the_bytes_sent() {
+        let (_, present) = version_of(&State::Present {
+            body: Bytes::from_static(b"hello"),
+            content_type: None,
+            etag: None,
+        });
+        assert_eq!(present, repr_digest(b"hello"));
+        let (missing_version, missing) = version_of(&State::Missing { status: 404 });
+        assert_eq!(
+            missing,
+            "sha-256=:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=:"
+        );
+        // The version of a missing state still depends on its status.
+        let (gone_version, _) = version_of(&State::Missing { status: 410 });
+        assert_ne!(missing_version, gone_version);
+        let (_, error) = version_of(&State::Error {
+            status: 502,
+            reason: "too big".into(),
+        });
+        assert_eq!(error, repr_digest(b"too big\n"));
     }
 }

@@ -416,6 +416,12 @@ impl Watchers {
             .and_then(|(_, v)| v.to_str().ok())
             .or(content_type)
             .map(str::to_string);
+        let digest = update
+            .extra_headers
+            .iter()
+            .find(|(name, _)| name == "repr-digest")
+            .and_then(|(_, v)| v.to_str().ok())
+            .map(str::to_string);
         let change = match update.body {
             braid::Body::Snapshot(body) => Change {
                 state: state_of(update.status, body, content_type),
@@ -454,6 +460,11 @@ impl Watchers {
                 }
             }
         };
+        if let (Some(claimed), State::Present { body, .. }) = (&digest, &change.state) {
+            if !digest_matches(claimed, body) {
+                return Err(End::Resync("a body that does not match its Repr-Digest"));
+            }
+        }
         Ok(self.publish(&w.resource, change))
     }
 
@@ -610,6 +621,17 @@ impl Watchers {
             ))),
         }
     }
+}
+
+/// Whether a `Repr-Digest` value agrees with a body. Only its `sha-256`
+/// member is checked; a value without one agrees with anything.
+fn digest_matches(claimed: &str, body: &[u8]) -> bool {
+    let ours = crate::resource::repr_digest(body);
+    claimed
+        .split(',')
+        .map(str::trim)
+        .filter(|member| member.starts_with("sha-256="))
+        .all(|member| member == ours)
 }
 
 /// The state an upstream snapshot update stands for.

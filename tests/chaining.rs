@@ -449,9 +449,7 @@ async fn a_loop_of_tiers_is_refused_not_hung() {
 /// A scripted Braid upstream: the n-th subscription request gets a 209
 /// whose body is `scripts[n]` (then stays open). Records every request's
 /// `Parents` header.
-async fn scripted_upstream(
-    scripts: Vec<&'static str>,
-) -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
+async fn scripted_upstream(scripts: Vec<String>) -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -471,9 +469,9 @@ async fn scripted_upstream(
                             .and_then(|v| v.to_str().ok())
                             .map(str::to_string),
                     );
-                    let script = scripts.get(log.len() - 1).copied().unwrap_or("");
+                    let script = scripts.get(log.len() - 1).cloned().unwrap_or_default();
                     let chunks = futures_util::stream::iter([Ok::<_, Infallible>(
-                        http_body::Frame::data(Bytes::from_static(script.as_bytes())),
+                        http_body::Frame::data(Bytes::from(script)),
                     )])
                     .chain(futures_util::stream::pending());
                     let response = Response::builder()
@@ -498,12 +496,13 @@ async fn unusable_upstream_updates_lead_to_a_resume_or_a_snapshot() {
         // A snapshot, a patch, then garbage: the stream is reopened from v2.
         "Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello\r\n\r\n\
          Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 6\r\nContent-Range: text [5:5]\r\n\r\n world\r\n\r\n\
-         this line has no colon\r\n\r\n",
+         this line has no colon\r\n\r\n"
+            .into(),
         // Resumed from v2: a patch whose parents are not v2, so the proxy
         // cannot apply it and asks for a snapshot instead.
-        "Version: \"v4\"\r\nParents: \"v3\"\r\nContent-Length: 1\r\nContent-Range: text [0:0]\r\n\r\nX\r\n\r\n",
+        "Version: \"v4\"\r\nParents: \"v3\"\r\nContent-Length: 1\r\nContent-Range: text [0:0]\r\n\r\nX\r\n\r\n".into(),
         // The snapshot: subscribers get a diff from v2.
-        "Version: \"v4\"\r\nContent-Length: 12\r\n\r\nhello, world\r\n\r\n",
+        "Version: \"v4\"\r\nContent-Length: 12\r\n\r\nhello, world\r\n\r\n".into(),
     ])
     .await;
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
@@ -596,4 +595,25 @@ async fn a_write_through_an_edge_is_in_the_edges_next_get() {
         let expected = origin.docs.lock().expect("lock")["/doc"].0.clone();
         assert_eq!(body.as_bytes(), &expected[..], "round {round}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patches_that_contradict_their_repr_digest_lead_to_a_snapshot() {
+    // The patch would give "hello world", but its Repr-Digest names
+    // "hello world!": the proxy must not publish a body it cannot vouch for.
+    let wrong = format!(
+        "Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello\r\n\r\n\
+         Version: \"v2\"\r\nParents: \"v1\"\r\nRepr-Digest: {}\r\nContent-Length: 6\r\nContent-Range: text [5:5]\r\n\r\n world\r\n\r\n",
+        braid_proxy::resource::repr_digest(b"hello world!")
+    );
+    let (upstream, parents) = scripted_upstream(vec![
+        wrong,
+        "Version: \"v2\"\r\nContent-Length: 12\r\n\r\nhello world!\r\n\r\n".into(),
+    ])
+    .await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let edge = Tier::start(config("edge", upstream, any)).await;
+    let seen = follow(edge.addr, "/doc", "v2".to_string()).await;
+    assert_eq!(seen.body, b"hello world!");
+    assert_eq!(*parents.lock().expect("lock"), vec![None, None]);
 }
