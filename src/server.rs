@@ -142,9 +142,12 @@ fn serve_connection(
     };
     let conn_info = ConnInfo { peer, local };
     let router = router.clone();
+    // The request future is boxed: hyper keeps a slot of the service
+    // future's size for the whole connection, and `Router::handle` is a few
+    // KiB, which an idle subscription would otherwise hold for nothing.
     let service = service_fn(move |req| {
         let router = router.clone();
-        async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) }
+        Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) })
     });
     let builder = builder.clone();
     let watcher = graceful.watcher();
