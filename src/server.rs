@@ -1,6 +1,7 @@
-//! Listeners and connections: the accept loops, hyper-util's auto builder
-//! (HTTP/1.1 and h2c with prior knowledge), the timer that makes the
-//! header-read timeout work, per-connection limits, and graceful shutdown.
+//! Listeners and connections: the accept loops, HTTP/1.1 and h2c with prior
+//! knowledge (told apart by peeking at the connection preface), the timer
+//! that makes the header-read timeout work, per-connection limits, and
+//! graceful shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,9 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
@@ -70,7 +71,7 @@ impl Server {
         let grace = config.shutdown_grace;
         let router = Router::new(config)?;
         let graceful = GracefulShutdown::new();
-        let builder = Arc::new(connection_builder(router.config()));
+        let builder = Arc::new(Builders::new(router.config()));
 
         let admin_task = admin.map(|admin_listener| {
             let router = router.clone();
@@ -110,28 +111,70 @@ impl Server {
     }
 }
 
-fn connection_builder(config: &Config) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout)
-        .max_headers(config.max_headers)
-        .max_buf_size(CONNECTION_WRITE_BUFFER.max(config.max_header_bytes + 1024));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(config.max_header_bytes as u32)
-        .max_send_buf_size(CONNECTION_WRITE_BUFFER)
-        .max_concurrent_streams(config.max_streams_per_connection)
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    builder
+/// The two protocol builders. hyper-util's auto builder is not used: it
+/// reads the first bytes itself and hands them to hyper's HTTP/1.1 side as a
+/// prefix, which makes that side grow its read buffer from 8 to 16 KiB on
+/// the next read, a buffer every idle subscription then holds for good.
+/// Peeking tells the protocols apart without consuming anything.
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    header_read_timeout: Duration,
+}
+
+impl Builders {
+    fn new(config: &Config) -> Builders {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.header_read_timeout)
+            .max_headers(config.max_headers)
+            .max_buf_size(CONNECTION_WRITE_BUFFER.max(config.max_header_bytes + 1024));
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_header_list_size(config.max_header_bytes as u32)
+            .max_send_buf_size(CONNECTION_WRITE_BUFFER)
+            .max_concurrent_streams(config.max_streams_per_connection)
+            .keep_alive_interval(Some(Duration::from_secs(30)));
+        Builders {
+            http1,
+            http2,
+            header_read_timeout: config.header_read_timeout,
+        }
+    }
+}
+
+/// The HTTP/2 connection preface a prior-knowledge (h2c) client opens with.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the connection speaks h2c (`Some(true)`), HTTP/1.1 (`Some(false)`),
+/// or closed before saying (`None`), decided as hyper-util's auto builder
+/// decides: HTTP/2 only on the whole preface. Nothing is consumed.
+async fn is_h2(stream: &TcpStream) -> std::io::Result<Option<bool>> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if buf[..n] != H2_PREFACE[..n] {
+            return Ok(Some(false));
+        }
+        if n == H2_PREFACE.len() {
+            return Ok(Some(true));
+        }
+        // A strict prefix of the preface (rare: clients send it in one
+        // write). Peeking again at once would return the same bytes, so wait
+        // a moment for the rest.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    builder: &Arc<auto::Builder<TokioExecutor>>,
+    builder: &Arc<Builders>,
     router: &Router,
     graceful: &GracefulShutdown,
 ) {
@@ -152,8 +195,24 @@ fn serve_connection(
     let builder = builder.clone();
     let watcher = graceful.watcher();
     tokio::spawn(async move {
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        if let Err(e) = watcher.watch(conn).await {
+        // The header-read timeout also covers the wait for the first bytes.
+        let h2 = match tokio::time::timeout(builder.header_read_timeout, is_h2(&stream)).await {
+            Ok(Ok(Some(h2))) => h2,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a request"),
+            Err(_) => return debug!(%peer, "no request within the header-read timeout"),
+        };
+        let io = TokioIo::new(stream);
+        let result = if h2 {
+            watcher
+                .watch(builder.http2.serve_connection(io, service))
+                .await
+        } else {
+            watcher
+                .watch(builder.http1.serve_connection(io, service))
+                .await
+        };
+        if let Err(e) = result {
             debug!(%peer, error = %e, "connection ended with an error");
         }
     });
