@@ -203,10 +203,10 @@ fn serve_connection(
             Err(_) => return debug!(%peer, "no request within the header-read timeout"),
         };
         let io = TokioIo::new(stream);
+        // The h2 state is boxed: it is twice the size of the HTTP/1.1 state,
+        // and unboxed it would size every connection's task.
         let result = if h2 {
-            watcher
-                .watch(builder.http2.serve_connection(io, service))
-                .await
+            Box::pin(watcher.watch(builder.http2.serve_connection(io, service))).await
         } else {
             watcher
                 .watch(builder.http1.serve_connection(io, service))
