@@ -304,3 +304,38 @@ async fn an_origin_body_over_the_limit_gives_an_error_update() {
         &plain[..200.min(plain.len())]
     );
 }
+
+#[tokio::test]
+async fn silent_and_half_sent_connections_are_closed_after_the_header_read_timeout() {
+    let origin = Origin::default();
+    let origin_addr = origin.start().await;
+    let proxy = proxy(origin_addr, |c| {
+        c.header_read_timeout = Duration::from_millis(300);
+    })
+    .await;
+    for (what, sent) in [
+        ("nothing", ""),
+        ("part of a request head", "GET / HTTP/1.1\r\nHost: x\r\n"),
+        ("part of the h2c preface", "PRI * HTTP/2.0\r\n"),
+    ] {
+        let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        stream.write_all(sent.as_bytes()).await.expect("write");
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        // The proxy may answer 408 before closing; read until the end.
+        let closed = tokio::time::timeout(WAIT, async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "a connection that sent {what} stays open");
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "a connection that sent {what} was closed before the timeout"
+        );
+    }
+}
