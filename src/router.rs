@@ -109,6 +109,11 @@ impl Router {
         self.inner.closing.send_replace(true);
     }
 
+    /// A receiver that turns true when the proxy begins to shut down.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.inner.closing.subscribe()
+    }
+
     /// Revalidates a tracked resource now; false when it is not tracked.
     pub fn refresh(&self, path_and_query: &str) -> bool {
         match self.inner.registry.get(path_and_query) {

@@ -184,6 +184,7 @@ fn serve_connection(
         Err(_) => return,
     };
     let conn_info = ConnInfo { peer, local };
+    let mut closing = router.closing();
     let router = router.clone();
     // The request future is boxed: hyper keeps a slot of the service
     // future's size for the whole connection, and `Router::handle` is a few
@@ -196,7 +197,13 @@ fn serve_connection(
     let watcher = graceful.watcher();
     tokio::spawn(async move {
         // The header-read timeout also covers the wait for the first bytes.
-        let h2 = match tokio::time::timeout(builder.header_read_timeout, is_h2(&stream)).await {
+        // A connection that has not started a request when shutdown begins
+        // is closed at once (its watcher would otherwise hold shutdown up).
+        let first = tokio::select! {
+            first = tokio::time::timeout(builder.header_read_timeout, is_h2(&stream)) => first,
+            _ = closing.wait_for(|closing| *closing) => return,
+        };
+        let h2 = match first {
             Ok(Ok(Some(h2))) => h2,
             Ok(Ok(None)) => return,
             Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a request"),

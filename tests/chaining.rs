@@ -617,3 +617,25 @@ async fn patches_that_contradict_their_repr_digest_lead_to_a_snapshot() {
     assert_eq!(seen.body, b"hello world!");
     assert_eq!(*parents.lock().expect("lock"), vec![None, None]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_held_up_by_a_connection_that_sent_nothing() {
+    let origin = Origin::default();
+    let origin_addr = origin.start().await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let proxy = Tier::start(Config {
+        shutdown_grace: Duration::from_secs(20),
+        header_read_timeout: Duration::from_secs(20),
+        ..config("p", origin_addr, any)
+    })
+    .await;
+    let _silent = TcpStream::connect(proxy.addr).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    proxy.kill().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "shutdown took {:?} with one silent connection open",
+        started.elapsed()
+    );
+}
