@@ -26,10 +26,17 @@ pub struct ConnInfo {
     pub local: SocketAddr,
 }
 
-/// A pooled HTTP client bound to the one configured upstream. Cheap to clone.
+/// Pooled HTTP clients bound to the one configured upstream. Cheap to clone.
+///
+/// Pass-through requests and the watchers' requests use separate pools.
+/// With `--upstream-h2c` the watchers share one HTTP/2 connection, and so
+/// share its flow-control window: a pass-through download to a slow client
+/// on that connection would stop every subscription on it. Pass-through
+/// therefore always goes over HTTP/1.1.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    client: Client<HttpConnector, Body>,
+    pass: Client<HttpConnector, Body>,
+    watch: Client<HttpConnector, Body>,
     upstream: Arc<Upstream>,
     response_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -41,17 +48,21 @@ impl UpstreamClient {
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(64)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .http2_only(config.upstream_h2c)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .http2_keep_alive_while_idle(true)
-            .build(connector);
+        let pool = |h2c: bool| {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(64)
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .http2_only(h2c)
+                .http2_initial_connection_window_size(16 * 1024 * 1024)
+                .http2_keep_alive_interval(Duration::from_secs(30))
+                .http2_keep_alive_while_idle(true)
+                .build(connector.clone())
+        };
         UpstreamClient {
-            client,
+            pass: pool(false),
+            watch: pool(config.upstream_h2c),
             upstream: Arc::new(upstream),
             response_timeout: config.response_timeout,
             metrics,
@@ -70,16 +81,30 @@ impl UpstreamClient {
             .map_err(|e| Refusal::BadRequest(format!("bad request target: {e}")))
     }
 
-    /// Sends a request whose URI was made by [`UpstreamClient::uri_for`],
-    /// bounded by the response timeout (time to response headers).
-    pub async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, Refusal> {
+    /// Sends a client's request whose URI was made by
+    /// [`UpstreamClient::uri_for`], bounded by the response timeout (time to
+    /// response headers).
+    pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, Refusal> {
+        self.send_on(&self.pass, req).await
+    }
+
+    /// Sends a watcher's request (a poll or a subscription), like [`UpstreamClient::send`].
+    pub async fn send_watch(&self, req: Request<Body>) -> Result<Response<Incoming>, Refusal> {
+        self.send_on(&self.watch, req).await
+    }
+
+    async fn send_on(
+        &self,
+        client: &Client<HttpConnector, Body>,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, Refusal> {
         Metrics::inc(&self.metrics.upstream_requests_total);
         req.headers_mut().insert(
             header::HOST,
             HeaderValue::from_str(self.upstream.authority.as_str())
                 .map_err(|_| Refusal::BadRequest("bad upstream authority".into()))?,
         );
-        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.response_timeout, client.request(req)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => {
                 Metrics::inc(&self.metrics.upstream_errors_total);

@@ -514,7 +514,7 @@ impl Watchers {
             }
             None => {}
         }
-        self.client.send(req).await.map_err(|e| e.to_string())
+        self.client.send_watch(req).await.map_err(|e| e.to_string())
     }
 
     /// One conditional request; publishes what changed. False on failure.

@@ -639,3 +639,50 @@ async fn shutdown_is_not_held_up_by_a_connection_that_sent_nothing() {
         started.elapsed()
     );
 }
+
+/// A GET with credentials (so it passes through every tier) whose client
+/// reads nothing: its download stalls with the socket buffers full.
+async fn stalled_download(
+    addr: SocketAddr,
+    path: &str,
+) -> (
+    hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    Response<Incoming>,
+) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let stream = socket.connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header("host", addr.to_string())
+        .header("authorization", "Bearer x")
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("response");
+    (sender, response)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_downloads_through_an_h2c_edge_do_not_stall_its_subscriptions() {
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    origin.set("/big", vec![b'x'; 16 << 20]);
+    let (_, _shield, _, edge) = chain(&origin).await; // this edge uses h2c
+    let seen = follow(edge.addr, "/doc", "e1".to_string()).await;
+    assert!(seen.body == doc(0).as_bytes());
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(stalled_download(edge.addr, "/big").await);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let next = origin.set("/doc", doc(1));
+    let seen = follow(edge.addr, "/doc", next).await;
+    assert!(seen.body == doc(1).as_bytes());
+    drop(stalled);
+}
