@@ -87,17 +87,31 @@ impl Head {
                     version: self.version.clone(),
                     parents: VersionList::default(),
                     body: braid::Body::Snapshot(self.body()),
-                    extra_headers: digest_header(&self.digest),
+                    extra_headers: self.snapshot_headers(),
                 })
             })
             .clone()
     }
-}
 
-fn digest_header(digest: &str) -> Vec<(HeaderName, HeaderValue)> {
-    match HeaderValue::from_str(digest) {
-        Ok(v) if !digest.is_empty() => vec![(HeaderName::from_static("repr-digest"), v)],
-        _ => Vec::new(),
+    /// The headers a snapshot of this state carries: `Content-Type` (so a
+    /// proxy following this one learns it with the body) and `Repr-Digest`.
+    fn snapshot_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = Vec::new();
+        if let State::Present {
+            content_type: Some(ct),
+            ..
+        } = &self.state
+        {
+            if let Ok(v) = HeaderValue::from_str(ct) {
+                headers.push((http::header::CONTENT_TYPE, v));
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.digest) {
+            if !self.digest.is_empty() {
+                headers.push((HeaderName::from_static("repr-digest"), v));
+            }
+        }
+        headers
     }
 }
 
@@ -375,7 +389,7 @@ impl Resource {
                 version: head.version.clone(),
                 parents: previous.version.clone(),
                 body: braid::Body::Snapshot(head.body()),
-                extra_headers: digest_header(&head.digest),
+                extra_headers: head.snapshot_headers(),
             }),
             // The first state has no parent: every subscriber starts from a snapshot.
             _ => head.snapshot(),
@@ -477,9 +491,9 @@ fn within(patches: &[Patch], budget: usize) -> bool {
 }
 
 /// About how many bytes a snapshot of a body this long takes on the wire
-/// (framing and the `Repr-Digest` header included).
+/// (framing, `Content-Type` and `Repr-Digest` included).
 fn snapshot_wire_len(body_len: usize) -> usize {
-    body_len + 96
+    body_len + 128
 }
 
 /// The version and digest of a state: the strong ETag when the origin gave

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,6 +154,7 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// decides: HTTP/2 only on the whole preface. Nothing is consumed.
 async fn is_h2(stream: &TcpStream) -> std::io::Result<Option<bool>> {
     let mut buf = [0u8; H2_PREFACE.len()];
+    let mut wait = Duration::from_millis(5);
     loop {
         let n = stream.peek(&mut buf).await?;
         if n == 0 {
@@ -166,8 +168,9 @@ async fn is_h2(stream: &TcpStream) -> std::io::Result<Option<bool>> {
         }
         // A strict prefix of the preface (rare: clients send it in one
         // write). Peeking again at once would return the same bytes, so wait
-        // a moment for the rest.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // a moment for the rest, longer each time.
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(100));
     }
 }
 
@@ -186,13 +189,6 @@ fn serve_connection(
     let conn_info = ConnInfo { peer, local };
     let mut closing = router.closing();
     let router = router.clone();
-    // The request future is boxed: hyper keeps a slot of the service
-    // future's size for the whole connection, and `Router::handle` is a few
-    // KiB, which an idle subscription would otherwise hold for nothing.
-    let service = service_fn(move |req| {
-        let router = router.clone();
-        Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) })
-    });
     let builder = builder.clone();
     let watcher = graceful.watcher();
     tokio::spawn(async move {
@@ -210,11 +206,30 @@ fn serve_connection(
             Err(_) => return debug!(%peer, "no request within the header-read timeout"),
         };
         let io = TokioIo::new(stream);
-        // The h2 state is boxed: it is twice the size of the HTTP/1.1 state,
-        // and unboxed it would size every connection's task.
         let result = if h2 {
-            Box::pin(watcher.watch(builder.http2.serve_connection(io, service))).await
+            // HTTP/2 has no header-read timeout of its own: a client that
+            // sends the preface and then no request is closed after the
+            // header-read timeout, or as soon as shutdown begins.
+            let served = Arc::new(AtomicBool::new(false));
+            let service = service(router, conn_info, Some(served.clone()));
+            // The h2 state is boxed: it is twice the size of the HTTP/1.1
+            // state, and unboxed it would size every connection's task.
+            let conn = Box::pin(watcher.watch(builder.http2.serve_connection(io, service)));
+            let no_request = async {
+                tokio::select! {
+                    _ = tokio::time::sleep(builder.header_read_timeout) => {}
+                    _ = closing.wait_for(|closing| *closing) => {}
+                }
+                if served.load(Ordering::Relaxed) {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                result = conn => result,
+                _ = no_request => return debug!(%peer, "h2c connection sent no request in time"),
+            }
         } else {
+            let service = service(router, conn_info, None);
             watcher
                 .watch(builder.http1.serve_connection(io, service))
                 .await
@@ -223,4 +238,30 @@ fn serve_connection(
             debug!(%peer, error = %e, "connection ended with an error");
         }
     });
+}
+
+/// The service of one connection. The request future is boxed: hyper keeps
+/// a slot of the service future's size for the whole connection, and
+/// `Router::handle` is a few KiB, which an idle subscription would otherwise
+/// hold for nothing. `served`, when given, is set by the first request.
+fn service(
+    router: Router,
+    conn_info: ConnInfo,
+    served: Option<Arc<AtomicBool>>,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<crate::body::Body>,
+    Error = Infallible,
+    Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<http::Response<crate::body::Body>, Infallible>> + Send>,
+    >,
+> + Clone {
+    service_fn(move |req| {
+        if let Some(served) = &served {
+            served.store(true, Ordering::Relaxed);
+        }
+        let router = router.clone();
+        Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) })
+            as std::pin::Pin<Box<dyn Future<Output = _> + Send>>
+    })
 }

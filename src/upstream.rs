@@ -406,15 +406,23 @@ impl Watchers {
     ) -> Result<bool, End> {
         let head = w.resource.head();
         if head.seq > 0 && !update.version.is_empty() && update.version == head.version {
-            return Ok(false); // already have it
+            // Already have it. (An id seen earlier is not dropped: content
+            // that went back to an earlier state has that state's id again.)
+            return Ok(false);
         }
         let version = Some(update.version).filter(|v| !v.is_empty());
+        // The update's own Content-Type, else the 209's, else the one held.
+        let held_type = match &head.state {
+            State::Present { content_type, .. } => content_type.as_deref(),
+            _ => None,
+        };
         let content_type = update
             .extra_headers
             .iter()
             .find(|(name, _)| name == header::CONTENT_TYPE)
             .and_then(|(_, v)| v.to_str().ok())
             .or(content_type)
+            .or(held_type)
             .map(str::to_string);
         let digest = update
             .extra_headers
@@ -445,6 +453,16 @@ impl Watchers {
                 }
                 let new = braid::apply_patches(old, &patches)
                     .map_err(|_| End::Resync("patches that do not apply to our state"))?;
+                // They applied, so every range parsed: pass them on canonical.
+                let patches: Vec<braid::Patch> = patches
+                    .into_iter()
+                    .map(|mut p| {
+                        if let Some((a, b)) = p.span() {
+                            p.range = format!("[{a}:{b}]");
+                        }
+                        p
+                    })
+                    .collect();
                 if new.len() > self.max_body_bytes {
                     self.publish(&w.resource, Change::derived(too_large(self.max_body_bytes)));
                     return Err(End::TooLarge);

@@ -317,6 +317,10 @@ async fn silent_and_half_sent_connections_are_closed_after_the_header_read_timeo
         ("nothing", ""),
         ("part of a request head", "GET / HTTP/1.1\r\nHost: x\r\n"),
         ("part of the h2c preface", "PRI * HTTP/2.0\r\n"),
+        (
+            "the h2c preface and no request",
+            "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        ),
     ] {
         let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
         stream.write_all(sent.as_bytes()).await.expect("write");

@@ -619,7 +619,7 @@ async fn patches_that_contradict_their_repr_digest_lead_to_a_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_is_not_held_up_by_a_connection_that_sent_nothing() {
+async fn shutdown_is_not_held_up_by_connections_that_sent_no_request() {
     let origin = Origin::default();
     let origin_addr = origin.start().await;
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
@@ -630,12 +630,16 @@ async fn shutdown_is_not_held_up_by_a_connection_that_sent_nothing() {
     })
     .await;
     let _silent = TcpStream::connect(proxy.addr).await.expect("connect");
+    let mut preface_only = TcpStream::connect(proxy.addr).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut preface_only, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("write");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
     proxy.kill().await;
     assert!(
         started.elapsed() < Duration::from_secs(2),
-        "shutdown took {:?} with one silent connection open",
+        "shutdown took {:?} with a silent and a preface-only connection open",
         started.elapsed()
     );
 }
@@ -685,4 +689,39 @@ async fn stalled_downloads_through_an_h2c_edge_do_not_stall_its_subscriptions() 
     let seen = follow(edge.addr, "/doc", next).await;
     assert!(seen.body == doc(1).as_bytes());
     drop(stalled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_content_type_reaches_an_edge_that_subscribed_while_the_resource_was_missing() {
+    let origin = Origin::default();
+    let (_, shield, edge, _) = chain(&origin).await;
+    // The origin answers 404 now: the 209s carry no Content-Type.
+    let response = request(edge.addr, "/doc", true).await;
+    assert_eq!(response.status().as_u16(), 209);
+    let keep = tokio::spawn(async move {
+        let mut body = response.into_body();
+        while let Some(Ok(_)) = body.frame().await {}
+    });
+    shield
+        .wait_metric(
+            "subscriptions",
+            1.0,
+            "the edge follows the missing resource",
+        )
+        .await;
+    let created = origin.set("/doc", doc(0));
+    let _ = follow(edge.addr, "/doc", created).await;
+    for tier in [&shield, &edge] {
+        let response = request(tier.addr, "/doc", false).await;
+        assert_eq!(
+            response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("text/plain"),
+            "plain GET at {}",
+            tier.addr
+        );
+    }
+    keep.abort();
 }
