@@ -207,28 +207,11 @@ fn serve_connection(
         };
         let io = TokioIo::new(stream);
         let result = if h2 {
-            // HTTP/2 has no header-read timeout of its own: a client that
-            // sends the preface and then no request is closed after the
-            // header-read timeout, or as soon as shutdown begins.
-            let served = Arc::new(AtomicBool::new(false));
-            let service = service(router, conn_info, Some(served.clone()));
-            // The h2 state is boxed: it is twice the size of the HTTP/1.1
-            // state, and unboxed it would size every connection's task.
-            let conn = Box::pin(watcher.watch(builder.http2.serve_connection(io, service)));
-            let no_request = async {
-                tokio::select! {
-                    _ = tokio::time::sleep(builder.header_read_timeout) => {}
-                    _ = closing.wait_for(|closing| *closing) => {}
-                }
-                if served.load(Ordering::Relaxed) {
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                result = conn => result,
-                _ = no_request => return debug!(%peer, "h2c connection sent no request in time"),
-            }
+            // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
+            // and inline it would size every connection's task.
+            Box::pin(serve_h2(io, router, conn_info, &builder, watcher, closing)).await
         } else {
+            drop(closing);
             let service = service(router, conn_info, None);
             watcher
                 .watch(builder.http1.serve_connection(io, service))
@@ -239,6 +222,43 @@ fn serve_connection(
         }
     });
 }
+
+/// Serves an h2c connection. HTTP/2 has no header-read timeout of its own:
+/// a client that sends the preface and then no request is closed after the
+/// header-read timeout, or as soon as shutdown begins.
+async fn serve_h2(
+    io: TokioIo<TcpStream>,
+    router: Router,
+    conn_info: ConnInfo,
+    builder: &Builders,
+    watcher: hyper_util::server::graceful::Watcher,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), hyper::Error> {
+    let served = Arc::new(AtomicBool::new(false));
+    let service = service(router, conn_info, Some(served.clone()));
+    let conn = watcher.watch(builder.http2.serve_connection(io, service));
+    let no_request = async {
+        tokio::select! {
+            _ = tokio::time::sleep(builder.header_read_timeout) => {}
+            _ = closing.wait_for(|closing| *closing) => {}
+        }
+        if served.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        result = conn => result,
+        _ = no_request => {
+            debug!(peer = %conn_info.peer, "h2c connection sent no request in time");
+            Ok(())
+        }
+    }
+}
+
+/// What the service of a connection returns for one request.
+type Answer = std::pin::Pin<
+    Box<dyn Future<Output = Result<http::Response<crate::body::Body>, Infallible>> + Send>,
+>;
 
 /// The service of one connection. The request future is boxed: hyper keeps
 /// a slot of the service future's size for the whole connection, and
@@ -252,16 +272,13 @@ fn service(
     http::Request<hyper::body::Incoming>,
     Response = http::Response<crate::body::Body>,
     Error = Infallible,
-    Future = std::pin::Pin<
-        Box<dyn Future<Output = Result<http::Response<crate::body::Body>, Infallible>> + Send>,
-    >,
+    Future = Answer,
 > + Clone {
     service_fn(move |req| {
         if let Some(served) = &served {
             served.store(true, Ordering::Relaxed);
         }
         let router = router.clone();
-        Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) })
-            as std::pin::Pin<Box<dyn Future<Output = _> + Send>>
+        Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) }) as Answer
     })
 }
