@@ -106,7 +106,7 @@ pub struct Args {
     /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream, so that all subscriptions to it share one connection; for tiers of braid-proxies [default: false]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub upstream_h2c: Option<String>,
-    /// This proxy's id in Via headers, used to detect loops [default: braid-proxy-<hostname>]
+    /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
 }
@@ -178,6 +178,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub diff_timeout: Duration,
     pub snapshot_ratio: f64,
+    /// Empty until the listener is bound: then `<hostname>:<port>` unless set.
     pub proxy_id: String,
     pub upstream_heartbeat: Duration,
     pub upstream_h2c: bool,
@@ -207,7 +208,7 @@ impl Default for Config {
             max_body_bytes: 16 * 1024 * 1024,
             diff_timeout: Duration::from_millis(50),
             snapshot_ratio: 0.9,
-            proxy_id: default_proxy_id(),
+            proxy_id: String::new(),
             upstream_heartbeat: Duration::from_secs(20),
             upstream_h2c: false,
             max_streams_per_connection: 10_000,
@@ -215,8 +216,10 @@ impl Default for Config {
     }
 }
 
-/// A stable per-host id: `braid-proxy-<hostname>`, reduced to Via-token characters.
-fn default_proxy_id() -> String {
+/// The default id of the instance listening on `port`: `<hostname>:<port>`,
+/// the hostname reduced to Via-token characters. Unique per instance on a
+/// host, and stable across restarts of that instance.
+pub fn default_proxy_id(port: u16) -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
@@ -227,11 +230,8 @@ fn default_proxy_id() -> String {
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
         .take(64)
         .collect();
-    if host.is_empty() {
-        "braid-proxy".to_string()
-    } else {
-        format!("braid-proxy-{host}")
-    }
+    let host = if host.is_empty() { "braid-proxy" } else { &host };
+    format!("{host}:{port}")
 }
 
 impl Config {

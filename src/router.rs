@@ -37,7 +37,10 @@ struct Inner {
 
 impl Router {
     /// Builds the shared state; the configuration must name an upstream.
-    pub fn new(config: Config) -> Result<Router, BoxError> {
+    pub fn new(mut config: Config) -> Result<Router, BoxError> {
+        if config.proxy_id.is_empty() {
+            config.proxy_id = crate::config::default_proxy_id(config.listen.port());
+        }
         let upstream = config.upstream.clone().ok_or("no upstream configured")?;
         let metrics = Arc::new(Metrics::default());
         let client = UpstreamClient::new(upstream, &config, metrics.clone());

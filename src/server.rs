@@ -37,8 +37,11 @@ pub struct Server {
 
 impl Server {
     /// Binds the client listener and, if configured, the admin listener.
-    pub async fn bind(config: Config) -> std::io::Result<Server> {
+    pub async fn bind(mut config: Config) -> std::io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
+        if config.proxy_id.is_empty() {
+            config.proxy_id = crate::config::default_proxy_id(listener.local_addr()?.port());
+        }
         let admin = match config.admin_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
             None => None,
