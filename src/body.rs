@@ -105,3 +105,90 @@ where
         .map_err(Into::into)
         .boxed_unsync()
 }
+
+/// What a [`tee`] does with the whole body once it has passed through.
+pub type OnComplete = Box<dyn FnOnce(Bytes) + Send>;
+
+/// Streams `body` through unchanged while keeping a copy of up to `limit`
+/// bytes; when the body ends complete and within the limit, `done` gets the
+/// copy. A body cut short, failed, or over the limit is not kept. Whatever
+/// `guard` holds (such as a lock that concurrent requests wait on) is
+/// released when the body ends or is dropped.
+pub fn tee<G>(body: Body, limit: usize, guard: G, done: OnComplete) -> Body
+where
+    G: Send + Unpin + 'static,
+{
+    Tee {
+        inner: body,
+        copy: Some(bytes::BytesMut::new()),
+        limit,
+        done: Some(done),
+        _guard: Some(guard),
+    }
+    .boxed_unsync()
+}
+
+struct Tee<G> {
+    inner: Body,
+    copy: Option<bytes::BytesMut>,
+    limit: usize,
+    done: Option<OnComplete>,
+    _guard: Option<G>,
+}
+
+impl<G> Tee<G> {
+    fn finish(&mut self) {
+        if let (Some(copy), Some(done)) = (self.copy.take(), self.done.take()) {
+            done(copy.freeze());
+        }
+        self.done = None;
+        self._guard = None;
+    }
+}
+
+impl<G: Unpin> http_body::Body for Tee<G> {
+    type Data = Chunk;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Chunk>, BoxError>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(copy)) = (frame.data_ref(), this.copy.as_mut()) {
+                    if copy.len() + data.remaining() > this.limit {
+                        this.copy = None;
+                    } else {
+                        copy.extend_from_slice(data.chunk());
+                    }
+                }
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.copy = None;
+                this._guard = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // The end is reported once `done` has run.
+        self.done.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -73,6 +73,12 @@ pub struct Args {
     /// Bytes of history kept by all resources together [default: 64MiB]
     #[arg(long, value_name = "SIZE")]
     pub history_bytes: Option<String>,
+    /// Bytes of all tracked states (bodies and keys) together; idle ones are evicted least recently used first [default: 256MiB]
+    #[arg(long, value_name = "SIZE")]
+    pub state_bytes: Option<String>,
+    /// Most resources tracked for one credential or not shareable; more get 503 [default: 10000]
+    #[arg(long, value_name = "N")]
+    pub max_private_resources: Option<String>,
     /// Default heartbeat interval on subscriptions, 0 = off [default: 25s]
     #[arg(long, value_name = "DURATION")]
     pub heartbeat: Option<String>,
@@ -169,6 +175,8 @@ pub struct Config {
     pub poll_interval: Duration,
     pub history_len: usize,
     pub history_bytes: u64,
+    pub state_bytes: usize,
+    pub max_private_resources: usize,
     /// Zero turns default heartbeats off.
     pub heartbeat: Duration,
     pub max_subscriptions: usize,
@@ -200,6 +208,8 @@ impl Default for Config {
             poll_interval: Duration::from_secs(1),
             history_len: 256,
             history_bytes: 64 * 1024 * 1024,
+            state_bytes: 256 * 1024 * 1024,
+            max_private_resources: 10_000,
             heartbeat: Duration::from_secs(25),
             max_subscriptions: 100_000,
             max_subscriptions_per_resource: 100_000,
@@ -230,7 +240,11 @@ pub fn default_proxy_id(port: u16) -> String {
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
         .take(64)
         .collect();
-    let host = if host.is_empty() { "braid-proxy" } else { &host };
+    let host = if host.is_empty() {
+        "braid-proxy"
+    } else {
+        &host
+    };
     format!("{host}:{port}")
 }
 
@@ -299,7 +313,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 24] = [
+        let pairs: [(&'static str, Option<String>); 26] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -312,6 +326,8 @@ impl Config {
             ("poll-interval", args.poll_interval),
             ("history-len", args.history_len),
             ("history-bytes", args.history_bytes),
+            ("state-bytes", args.state_bytes),
+            ("max-private-resources", args.max_private_resources),
             ("heartbeat", args.heartbeat),
             ("max-subscriptions", args.max_subscriptions),
             (
@@ -370,6 +386,10 @@ impl Config {
                 self.history_len = in_range(parse_count(v).map_err(e)?, 1, 1 << 20, key)?
             }
             "history-bytes" => self.history_bytes = parse_size(v).map_err(e)? as u64,
+            "state-bytes" => {
+                self.state_bytes = in_range(parse_size(v).map_err(e)?, 1 << 20, usize::MAX, key)?
+            }
+            "max-private-resources" => self.max_private_resources = parse_count(v).map_err(e)?,
             "heartbeat" => self.heartbeat = parse_duration(v).map_err(e)?,
             "max-subscriptions" => self.max_subscriptions = parse_count(v).map_err(e)?,
             "max-subscriptions-per-resource" => {
@@ -439,6 +459,8 @@ const KEYS: &[&str] = &[
     "poll-interval",
     "history-len",
     "history-bytes",
+    "state-bytes",
+    "max-private-resources",
     "heartbeat",
     "max-subscriptions",
     "max-subscriptions-per-resource",

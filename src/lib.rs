@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod body;
 pub mod braid;
+pub mod cache;
 pub mod config;
 pub mod demo;
 pub mod diff;

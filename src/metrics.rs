@@ -27,6 +27,12 @@ pub struct Metrics {
     pub upstream_updates_total: AtomicU64,
     pub upstream_reconnects_total: AtomicU64,
     pub upstream_resyncs_total: AtomicU64,
+    pub state_bytes: AtomicI64,
+    pub state_evictions_total: AtomicU64,
+    pub cache_hits_total: AtomicU64,
+    pub cache_misses_total: AtomicU64,
+    pub cache_revalidated_total: AtomicU64,
+    pub cache_not_stored_total: AtomicU64,
 }
 
 impl Metrics {
@@ -46,7 +52,32 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 15] = [
+        let counters: [(&str, &AtomicU64, &str); 20] = [
+            (
+                "state_evictions_total",
+                &self.state_evictions_total,
+                "Idle resources evicted to keep tracked state under --state-bytes.",
+            ),
+            (
+                "cache_hits_total",
+                &self.cache_hits_total,
+                "Plain GETs answered from stored state without the origin (Cache-Status: hit).",
+            ),
+            (
+                "cache_misses_total",
+                &self.cache_misses_total,
+                "Plain GETs sent to the origin with nothing reusable stored (fwd=miss/uri-miss).",
+            ),
+            (
+                "cache_revalidated_total",
+                &self.cache_revalidated_total,
+                "Plain GETs answered from stored state after the origin's 304 (fwd=stale, fwd-status=304).",
+            ),
+            (
+                "cache_not_stored_total",
+                &self.cache_not_stored_total,
+                "Origin answers to plain GETs that could not be stored (private, no-store, Set-Cookie, ...).",
+            ),
             (
                 "requests_total",
                 &self.requests_total,
@@ -123,7 +154,12 @@ impl Metrics {
             let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} counter\nbraid_proxy_{name} {}", value.load(Relaxed));
         }
         let _ = writeln!(out, "# HELP braid_proxy_diffs_fallback_snapshot_total Diffs replaced by a snapshot (too large or too slow).\n# TYPE braid_proxy_diffs_fallback_snapshot_total counter\nbraid_proxy_diffs_fallback_snapshot_total {}", self.diffs_fallback_snapshot_total.load(Relaxed));
-        let gauges: [(&str, &AtomicI64, &str); 5] = [
+        let gauges: [(&str, &AtomicI64, &str); 6] = [
+            (
+                "state_bytes",
+                &self.state_bytes,
+                "Bytes of all tracked states (bodies and keys), capped by --state-bytes.",
+            ),
             ("subscriptions", &self.subscriptions, "Open subscriptions."),
             (
                 "upstream_subscriptions",

@@ -212,21 +212,6 @@ pub fn via_names(headers: &HeaderMap, id: &str) -> bool {
         .any(|entry| entry.split_whitespace().nth(1) == Some(id))
 }
 
-/// The `Via` value of a request this proxy makes on behalf of `headers`'
-/// request: the entries it came with, then this proxy's own. Requests of
-/// the watcher a client request started carry it, so a loop of tiers is
-/// refused with 508 like a loop of pass-through requests.
-pub fn via_chain(headers: &HeaderMap, id: &str) -> Option<HeaderValue> {
-    let mut chain: Vec<&str> = headers
-        .get_all(header::VIA)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let own = via_entry(Version::HTTP_11, id);
-    chain.push(&own);
-    HeaderValue::from_str(&chain.join(", ")).ok()
-}
-
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
 /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -270,10 +255,89 @@ fn via_entry(version: Version, id: &str) -> String {
     format!("{protocol} {id}")
 }
 
-fn append_via(headers: &mut HeaderMap, version: Version, id: &str) {
-    if let Ok(v) = HeaderValue::from_str(&via_entry(version, id)) {
-        headers.append(header::VIA, v);
+/// Adds this proxy's entry to `Via`, as one comma-joined line with the
+/// entries already there (some origins read only the first line).
+pub fn append_via(headers: &mut HeaderMap, version: Version, id: &str) {
+    let mut entries: Vec<&str> = headers
+        .get_all(header::VIA)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let own = via_entry(version, id);
+    entries.push(&own);
+    if let Ok(v) = HeaderValue::from_str(&entries.join(", ")) {
+        headers.insert(header::VIA, v);
     }
+}
+
+/// The host a client request named: its absolute-form authority, else `Host`.
+pub fn request_host<B>(req: &Request<B>) -> Option<String> {
+    req.uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
+}
+
+/// The headers of a request the proxy sends upstream on behalf of a
+/// client's: its end-to-end headers, then `Via` and `X-Forwarded-*`.
+fn forwarded_headers(
+    mut headers: HeaderMap,
+    version: Version,
+    conn: Option<&ConnInfo>,
+    host: Option<String>,
+    config: &Config,
+) -> HeaderMap {
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::HOST);
+    append_via(&mut headers, version, &config.proxy_id);
+    forwarded_for(&mut headers, conn, host);
+    headers
+}
+
+/// The headers a watcher started by `req` sends with every request: the
+/// client's identity (credentials, `Accept-*`, the headers the origin may
+/// vary on) and forwarding headers, so the origin grants the shared state
+/// no more than it grants that client. Headers about this one request
+/// (conditionals, ranges, Braid subscription headers, a body) are left out.
+pub fn watcher_template<B>(req: &Request<B>, config: &Config) -> HeaderMap {
+    let mut headers = forwarded_headers(
+        req.headers().clone(),
+        req.version(),
+        req.extensions().get::<ConnInfo>(),
+        request_host(req),
+        config,
+    );
+    for name in [
+        "if-none-match",
+        "if-modified-since",
+        "if-match",
+        "if-unmodified-since",
+        "if-range",
+        "range",
+        "subscribe",
+        "parents",
+        "version",
+        "heartbeats",
+        "peer",
+        "content-length",
+        "content-type",
+        "content-range",
+        "patches",
+        "expect",
+        "cache-control",
+        "pragma",
+        "multiplex-through",
+        "multiplex-version",
+        "accept-encoding",
+    ] {
+        headers.remove(name);
+    }
+    headers
 }
 
 /// Builds the upstream request for a client request: same method, path,
@@ -283,6 +347,7 @@ pub fn upstream_request(
     client: &UpstreamClient,
     config: &Config,
 ) -> Result<Request<Body>, Refusal> {
+    let host = request_host(&req);
     let (parts, incoming) = req.into_parts();
     let target = parts
         .uri
@@ -290,24 +355,12 @@ pub fn upstream_request(
         .map(|p| p.as_str())
         .unwrap_or("/");
     let uri = client.uri_for(target)?;
-    let mut headers = parts.headers;
-    let original_host = parts
-        .uri
-        .authority()
-        .map(|a| a.as_str().to_string())
-        .or_else(|| {
-            headers
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_string)
-        });
-    strip_hop_by_hop(&mut headers);
-    headers.remove(header::HOST);
-    append_via(&mut headers, parts.version, &config.proxy_id);
-    forwarded_for(
-        &mut headers,
+    let headers = forwarded_headers(
+        parts.headers,
+        parts.version,
         parts.extensions.get::<ConnInfo>(),
-        original_host,
+        host,
+        config,
     );
     let mut out = Request::new(body::stream(incoming));
     *out.method_mut() = parts.method;
@@ -399,21 +452,19 @@ mod tests {
     }
 
     #[test]
-    fn watcher_via_chain_keeps_the_callers_entries() {
+    fn via_is_one_line_with_the_callers_entries() {
         let mut h = HeaderMap::new();
-        assert_eq!(
-            via_chain(&h, "edge").expect("valid"),
-            HeaderValue::from_static("1.1 edge")
-        );
+        append_via(&mut h, Version::HTTP_11, "edge");
+        assert_eq!(h.get(header::VIA).expect("via"), "1.1 edge");
+        let mut h = HeaderMap::new();
         h.append(header::VIA, HeaderValue::from_static("1.1 lb"));
         h.append(header::VIA, HeaderValue::from_static("2 edge-1"));
-        let chain = via_chain(&h, "shield").expect("valid");
+        append_via(&mut h, Version::HTTP_11, "shield");
+        assert_eq!(h.get_all(header::VIA).iter().count(), 1);
         assert_eq!(
-            chain,
-            HeaderValue::from_static("1.1 lb, 2 edge-1, 1.1 shield")
+            h.get(header::VIA).expect("via"),
+            "1.1 lb, 2 edge-1, 1.1 shield"
         );
-        let mut next = HeaderMap::new();
-        next.insert(header::VIA, chain);
-        assert!(via_names(&next, "edge-1") && via_names(&next, "shield"));
+        assert!(via_names(&h, "edge-1") && via_names(&h, "shield"));
     }
 }

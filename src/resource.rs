@@ -4,18 +4,21 @@
 //! [`crate::upstream`]; this module only records them.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use moka::sync::Cache;
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
 
 use crate::braid::{self, Patch, Update, VersionId, VersionList};
+use crate::cache::{self, Timing, Vary};
 use crate::diff;
+use crate::error::Refusal;
 use crate::metrics::Metrics;
 
 /// What the origin last said about a resource.
@@ -33,6 +36,22 @@ pub enum State {
     Missing { status: u16 },
     /// The origin's answer could not be used (e.g. over the body limit).
     Error { status: u16, reason: String },
+}
+
+/// The origin's answer to a GET as a cache stores it (RFC 9111 §3): status,
+/// end-to-end headers, body and timing. Plain GETs are answered from it.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub timing: Timing,
+    /// The Braid version of this body when it is also the resource's head.
+    pub version: Option<VersionList>,
+    /// Learned from a Braid upstream's subscription: reusable only while it is live.
+    pub from_stream: bool,
+    /// Set by an unsafe request or the refresh hook: revalidate before reuse.
+    pub invalid: bool,
 }
 
 /// A resource's current version, shared by every subscriber.
@@ -198,7 +217,34 @@ pub struct Tuning {
 pub struct Resource {
     id: u64,
     key: String,
+    /// The variant within the URL: forwarded host, Vary values, credentials.
+    secondary: String,
+    /// The request headers its watcher sends upstream: the creating
+    /// request's end-to-end headers and forwarding headers.
+    pub template: HeaderMap,
+    /// Keyed by credentials, or detached: counted as private.
+    pub private: bool,
     head: watch::Sender<Arc<Head>>,
+    /// The origin's last answer to a GET, for plain GETs (RFC 9111).
+    stored: Mutex<Option<Arc<Stored>>>,
+    /// Held while a request fetches this variant from the origin, so that
+    /// concurrent requests that need the origin share one request.
+    pub fetching: Arc<tokio::sync::Mutex<()>>,
+    /// The `Vary` its key was computed under.
+    pub vary: Vary,
+    /// Set while a watcher task runs for this resource.
+    watching: std::sync::atomic::AtomicBool,
+    /// Set when the origin's last answer could not be stored: requests then
+    /// go to the origin without waiting on each other.
+    pub uncacheable: std::sync::atomic::AtomicBool,
+    /// Set when it was taken out of the registry (its first answer showed it
+    /// is not shareable under its key): only its current subscribers use it.
+    detached: std::sync::atomic::AtomicBool,
+    /// Set when the upstream answered a subscription with 209.
+    pub braid_upstream: std::sync::atomic::AtomicBool,
+    /// Bytes counted for this resource in the registry's total.
+    weight: std::sync::atomic::AtomicUsize,
+    total: Arc<std::sync::atomic::AtomicUsize>,
     window: Mutex<Window>,
     /// Wakes the watcher for an immediate revalidation.
     pub wake: Notify,
@@ -222,11 +268,31 @@ pub struct Validation {
 }
 
 impl Resource {
-    fn new(id: u64, key: String) -> Resource {
+    fn new(
+        id: u64,
+        key: Key,
+        template: HeaderMap,
+        private: bool,
+        total: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Resource {
+        let weight = key.path.len() + key.secondary.len() + RESOURCE_OVERHEAD;
+        total.fetch_add(weight, Relaxed);
         Resource {
             id,
-            key,
+            key: key.path,
+            secondary: key.secondary,
+            template,
+            private,
             head: watch::channel(Arc::new(Head::unknown())).0,
+            stored: Mutex::new(None),
+            fetching: Arc::default(),
+            vary: key.vary,
+            watching: false.into(),
+            uncacheable: false.into(),
+            detached: false.into(),
+            braid_upstream: false.into(),
+            weight: weight.into(),
+            total,
             window: Mutex::default(),
             wake: Notify::new(),
             validated: watch::channel(Validation::default()).0,
@@ -237,6 +303,54 @@ impl Resource {
     /// The upstream path and query of this resource.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The origin's last storable answer to a GET of this variant.
+    pub fn stored(&self) -> Option<Arc<Stored>> {
+        lock(&self.stored).clone()
+    }
+
+    /// Replaces the stored answer (a 200, a 304's update, or another
+    /// storable status) and recounts the bytes held.
+    pub fn set_stored(&self, stored: Option<Stored>) {
+        *lock(&self.stored) = stored.map(Arc::new);
+        self.reweigh();
+    }
+
+    /// Marks the stored answer as needing revalidation before reuse.
+    pub fn invalidate(&self) {
+        let mut slot = lock(&self.stored);
+        if let Some(stored) = slot.as_ref() {
+            let mut copy = Stored::clone(stored);
+            copy.invalid = true;
+            *slot = Some(Arc::new(copy));
+        }
+    }
+
+    /// Recounts this resource's bytes (key, stored body, head body) in the total.
+    fn reweigh(&self) {
+        let head = self.head();
+        let head_body = head.body();
+        let stored_len = match lock(&self.stored).as_ref() {
+            Some(s) if s.body.as_ptr() != head_body.as_ptr() => s.body.len(),
+            _ => 0,
+        };
+        let weight = self.key.len()
+            + self.secondary.len()
+            + RESOURCE_OVERHEAD
+            + head_body.len()
+            + stored_len;
+        let old = self.weight.swap(weight, Relaxed);
+        if weight >= old {
+            self.total.fetch_add(weight - old, Relaxed);
+        } else {
+            self.total.fetch_sub(old - weight, Relaxed);
+        }
+    }
+
+    /// Whether the resource was taken out of the registry.
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(Relaxed)
     }
 
     /// The current head.
@@ -398,6 +512,7 @@ impl Resource {
         self.remember(seq, &head.version, patches, frame.len(), history);
         Metrics::inc(&metrics.updates_published_total);
         self.head.send_replace(Arc::new(head));
+        self.reweigh();
         true
     }
 
@@ -533,6 +648,22 @@ fn version_of(state: &State) -> (VersionList, String) {
     (version, digest)
 }
 
+/// The version a 200 announces in its headers: a Braid server's `Version`,
+/// else the strong ETag; `None` when it is known only from the body.
+pub fn announced_version(headers: &HeaderMap) -> Option<VersionList> {
+    if let Some(v) = headers
+        .get("version")
+        .and_then(|v| VersionList::parse_named(v.as_bytes(), "Version").ok())
+        .filter(|v| !v.is_empty())
+    {
+        return Some(v);
+    }
+    let etag = headers.get(http::header::ETAG)?.to_str().ok()?;
+    VersionId::new(strong_etag(etag)?)
+        .ok()
+        .map(VersionList::single)
+}
+
 /// The `Repr-Digest` value of a body: `sha-256=:<base64>:`.
 pub fn repr_digest(body: &[u8]) -> String {
     format_digest(&Sha256::digest(body))
@@ -560,78 +691,261 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The registry of tracked resources, keyed by upstream path and query.
+/// Bytes a resource costs beyond its key and bodies, for the state cap.
+const RESOURCE_OVERHEAD: usize = 1024;
+
+/// Where a resource sits in the registry: the URL (path and query), and
+/// the variant within it ([`cache::secondary_key`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    pub path: String,
+    pub secondary: String,
+    /// The `Vary` the secondary key was computed under.
+    pub vary: Vary,
+}
+
+/// The variants of one URL, and the `Vary` its origin last answered with.
+#[derive(Default)]
+struct Variants {
+    vary: Vary,
+    by_key: HashMap<String, Arc<Resource>>,
+}
+
+/// Limits of the registry.
+#[derive(Debug, Clone, Copy)]
+pub struct RegistryLimits {
+    /// Bytes of all tracked states together (`--state-bytes`).
+    pub state_bytes: usize,
+    /// Resources keyed by credentials or detached (`--max-private-resources`).
+    pub max_private: usize,
+}
+
+/// The registry of tracked resources: URL → variants.
 pub struct Registry {
-    resources: Mutex<HashMap<String, Arc<Resource>>>,
+    urls: Mutex<HashMap<String, Variants>>,
     next_id: std::sync::atomic::AtomicU64,
+    private: std::sync::atomic::AtomicUsize,
+    total: Arc<std::sync::atomic::AtomicUsize>,
+    limits: RegistryLimits,
     metrics: Arc<Metrics>,
 }
 
 impl Registry {
-    pub fn new(metrics: Arc<Metrics>) -> Registry {
+    pub fn new(metrics: Arc<Metrics>, limits: RegistryLimits) -> Registry {
         Registry {
-            resources: Mutex::default(),
+            urls: Mutex::default(),
             next_id: 1.into(),
+            private: 0.into(),
+            total: Arc::default(),
+            limits,
             metrics,
         }
     }
 
-    /// The resource for `key`, and whether it was just created (then the
-    /// caller starts its one watcher). `with` runs under the registry lock,
-    /// so a subscriber it registers cannot race the idle removal.
+    /// The key of a request for `path` from `host`, under the `Vary` the
+    /// origin last gave for that URL.
+    pub fn key_for(&self, path: &str, headers: &HeaderMap, host: &str) -> Key {
+        let urls = lock(&self.urls);
+        let vary = urls.get(path).map(|v| v.vary.clone()).unwrap_or_default();
+        Key {
+            path: path.to_string(),
+            secondary: cache::secondary_key(headers, host, &vary),
+            vary,
+        }
+    }
+
+    /// Records the `Vary` of an answer for `path`; returns the key the
+    /// request with `headers` has under it.
+    pub fn learn_vary(&self, path: &str, vary: &Vary, headers: &HeaderMap, host: &str) -> Key {
+        self.record_vary(path, vary);
+        Key {
+            path: path.to_string(),
+            secondary: cache::secondary_key(headers, host, vary),
+            vary: vary.clone(),
+        }
+    }
+
+    /// Records the `Vary` the origin last answered `path` with.
+    pub fn record_vary(&self, path: &str, vary: &Vary) {
+        let mut urls = lock(&self.urls);
+        let entry = urls.entry(path.to_string()).or_default();
+        if entry.vary != *vary {
+            entry.vary = vary.clone();
+        }
+    }
+
+    /// The resource for `key`, and whether it was just created. `with`
+    /// runs under the registry lock, so a subscriber it registers cannot
+    /// race the idle removal. A new private resource over the cap is a 503.
     pub fn get_or_create<T>(
         &self,
-        key: &str,
+        key: &Key,
+        template: impl FnOnce() -> HeaderMap,
         with: impl FnOnce(&Arc<Resource>) -> T,
-    ) -> (Arc<Resource>, bool, T) {
-        let mut map = lock(&self.resources);
-        if let Some(r) = map.get(key) {
+    ) -> Result<(Arc<Resource>, bool, T), Refusal> {
+        let mut urls = lock(&self.urls);
+        let variants = urls.entry(key.path.clone()).or_default();
+        if let Some(r) = variants.by_key.get(&key.secondary) {
             r.touch();
             let t = with(r);
-            return (r.clone(), false, t);
+            return Ok((r.clone(), false, t));
         }
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let r = Arc::new(Resource::new(id, key.to_string()));
-        map.insert(key.to_string(), r.clone());
-        self.metrics
-            .resources
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let private = key.secondary.contains("\ncredentials:");
+        if private && !self.reserve_private() {
+            return Err(private_cap(self.limits.max_private));
+        }
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let r = Arc::new(Resource::new(
+            id,
+            key.clone(),
+            template(),
+            private,
+            self.total.clone(),
+        ));
+        variants.by_key.insert(key.secondary.clone(), r.clone());
+        self.metrics.resources.fetch_add(1, Relaxed);
         let t = with(&r);
-        (r, true, t)
+        drop(urls);
+        self.enforce_cap();
+        Ok((r, true, t))
     }
 
-    /// The resource for `key`, if tracked.
-    pub fn get(&self, key: &str) -> Option<Arc<Resource>> {
-        lock(&self.resources).get(key).cloned()
-    }
-
-    /// Drops `resource` if it has had no subscribers for `idle`. Returns true when dropped.
-    pub fn remove_if_idle(&self, resource: &Arc<Resource>, idle: Duration) -> bool {
-        let mut map = lock(&self.resources);
-        if resource.subscribers() > 0 || resource.idle_for() < idle {
+    fn reserve_private(&self) -> bool {
+        let before = self.private.fetch_add(1, Relaxed);
+        if before >= self.limits.max_private {
+            self.private.fetch_sub(1, Relaxed);
             return false;
-        }
-        if map
-            .get(resource.key())
-            .is_some_and(|r| Arc::ptr_eq(r, resource))
-        {
-            map.remove(resource.key());
-            self.metrics
-                .resources
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
         true
     }
 
+    /// The resource for `key`, if tracked.
+    pub fn get(&self, key: &Key) -> Option<Arc<Resource>> {
+        let urls = lock(&self.urls);
+        let r = urls.get(&key.path)?.by_key.get(&key.secondary)?.clone();
+        r.touch();
+        Some(r)
+    }
+
+    /// Every tracked variant of `path`.
+    pub fn variants(&self, path: &str) -> Vec<Arc<Resource>> {
+        lock(&self.urls)
+            .get(path)
+            .map(|v| v.by_key.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Takes `resource` out of the registry: no new request finds it; its
+    /// current subscribers keep it. Counted as private from then on.
+    pub fn detach(&self, resource: &Arc<Resource>) -> Result<(), Refusal> {
+        if resource.detached.swap(true, Relaxed) {
+            return Ok(());
+        }
+        self.unlink(resource);
+        if !resource.private && !self.reserve_private() {
+            return Err(private_cap(self.limits.max_private));
+        }
+        Ok(())
+    }
+
+    fn unlink(&self, resource: &Arc<Resource>) {
+        let mut urls = lock(&self.urls);
+        if let Some(variants) = urls.get_mut(&resource.key) {
+            if variants
+                .by_key
+                .get(&resource.secondary)
+                .is_some_and(|r| Arc::ptr_eq(r, resource))
+            {
+                variants.by_key.remove(&resource.secondary);
+                self.metrics.resources.fetch_sub(1, Relaxed);
+            }
+            if variants.by_key.is_empty() {
+                urls.remove(&resource.key);
+            }
+        }
+    }
+
+    /// Marks `resource` as watched, unless it already is; true when the
+    /// caller must start its watcher.
+    pub fn claim_watcher(&self, resource: &Resource) -> bool {
+        let _urls = lock(&self.urls);
+        !resource.watching.swap(true, Relaxed)
+    }
+
+    /// Called by a watcher about to end because `resource` has had no
+    /// subscribers for `idle`. Returns false (keep watching) when a
+    /// subscriber came in meanwhile. A resource with a stored answer stays
+    /// in the registry for plain GETs; others are dropped.
+    pub fn watcher_done(&self, resource: &Arc<Resource>, idle: Duration) -> bool {
+        {
+            let _urls = lock(&self.urls);
+            if resource.subscribers() > 0 || resource.idle_for() < idle {
+                return false;
+            }
+            resource.watching.store(false, Relaxed);
+        }
+        if resource.is_detached() || resource.stored().is_none() {
+            self.drop_resource(resource);
+        }
+        true
+    }
+
+    /// Removes a resource for good, releasing its bytes and private slot.
+    fn drop_resource(&self, resource: &Arc<Resource>) {
+        self.unlink(resource);
+        if resource.private || resource.is_detached() {
+            self.private.fetch_sub(1, Relaxed);
+        }
+        let weight = resource.weight.swap(0, Relaxed);
+        self.total.fetch_sub(weight, Relaxed);
+    }
+
+    /// Bytes held by all tracked states.
+    pub fn state_bytes(&self) -> usize {
+        self.total.load(Relaxed)
+    }
+
+    /// Evicts the least recently used resources that have neither
+    /// subscribers nor a watcher until the total is under the cap (with
+    /// some room, so a stream of new URLs does not scan on every request).
+    pub fn enforce_cap(&self) {
+        let cap = self.limits.state_bytes;
+        if self.state_bytes() <= cap {
+            return;
+        }
+        let target = cap - cap / 8;
+        let mut idle: Vec<(Instant, Arc<Resource>)> = lock(&self.urls)
+            .values()
+            .flat_map(|v| v.by_key.values())
+            .filter(|r| r.subscribers() == 0 && !r.watching.load(Relaxed))
+            .map(|r| (*lock(&r.last_used), r.clone()))
+            .collect();
+        idle.sort_by_key(|(at, _)| *at);
+        for (_, r) in idle {
+            if self.state_bytes() <= target {
+                break;
+            }
+            self.drop_resource(&r);
+            Metrics::inc(&self.metrics.state_evictions_total);
+        }
+    }
+
     /// Number of tracked resources.
     pub fn len(&self) -> usize {
-        lock(&self.resources).len()
+        lock(&self.urls).values().map(|v| v.by_key.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+fn private_cap(limit: usize) -> Refusal {
+    Refusal::Unavailable {
+        reason: format!(
+            "too many private (credentialed or unshareable) resources tracked (limit {limit}); retry later"
+        ),
+        retry_after: Duration::from_secs(5),
     }
 }
 

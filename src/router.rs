@@ -4,18 +4,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::{header, Method, Request, Response};
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::body::{Body, BoxError};
+use crate::body::{self, Body, BoxError};
+use crate::cache::{self, Reuse, Timing};
 use crate::config::Config;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy::{self, ConnInfo, UpstreamClient};
-use crate::resource::{History, Registry, Resource, Tuning};
-use crate::subscribe::{self, BraidRequest, Cors, Subscriptions};
+use crate::resource::{History, Key, Registry, RegistryLimits, Resource, Tuning};
+use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
 
 /// The proxy's shared state, a cheap clonable handle.
@@ -45,7 +46,13 @@ impl Router {
         let metrics = Arc::new(Metrics::default());
         let client = UpstreamClient::new(upstream, &config, metrics.clone());
         let (closing, closing_rx) = watch::channel(false);
-        let registry = Arc::new(Registry::new(metrics.clone()));
+        let registry = Arc::new(Registry::new(
+            metrics.clone(),
+            RegistryLimits {
+                state_bytes: config.state_bytes,
+                max_private: config.max_private_resources,
+            },
+        ));
         let history = Arc::new(History::new(config.history_bytes, config.history_len));
         let watchers = Arc::new(Watchers {
             client: client.clone(),
@@ -100,10 +107,14 @@ impl Router {
     /// The metrics in Prometheus text format, with the gauges read now.
     pub fn render_metrics(&self) -> String {
         let weight = self.inner.watchers.history.weighted_size();
-        self.inner
-            .metrics
+        let metrics = &self.inner.metrics;
+        metrics
             .history_bytes
             .store(weight as i64, std::sync::atomic::Ordering::Relaxed);
+        metrics.state_bytes.store(
+            self.inner.registry.state_bytes() as i64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.inner.metrics.render()
     }
 
@@ -117,15 +128,16 @@ impl Router {
         self.inner.closing.subscribe()
     }
 
-    /// Revalidates a tracked resource now; false when it is not tracked.
+    /// Invalidates every tracked variant of a URL: stored answers are
+    /// revalidated before reuse, and watchers revalidate now. False when
+    /// the URL is not tracked.
     pub fn refresh(&self, path_and_query: &str) -> bool {
-        match self.inner.registry.get(path_and_query) {
-            Some(resource) => {
-                resource.refresh();
-                true
-            }
-            None => false,
+        let variants = self.inner.registry.variants(path_and_query);
+        for resource in &variants {
+            resource.invalidate();
+            resource.refresh();
         }
+        !variants.is_empty()
     }
 
     /// Handles one client request; never fails, errors become responses.
@@ -147,6 +159,12 @@ impl Router {
         };
         if let Some(headers) = cors_request {
             self.inner.cors.decorate(&headers, &mut response);
+        }
+        // Every answer names this proxy in Via (RFC 9110 §7.6.3): passed
+        // through, served from state, a 209, or the proxy's own error.
+        let proxy_id = &self.inner.config.proxy_id;
+        if !proxy::via_names(response.headers(), proxy_id) {
+            proxy::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
         }
         info!(
             target: "access",
@@ -174,17 +192,9 @@ impl Router {
         match method {
             Method::GET | Method::HEAD if braid.peer_specific => self.pass_through(req).await,
             Method::GET if braid.subscribe => self.subscribe(req, braid).await,
-            Method::GET | Method::HEAD if shareable(&req) => self.get(req, braid).await,
-            Method::PUT | Method::POST | Method::PATCH | Method::DELETE => {
-                let key = key_of(&req);
-                let response = self.pass_through(req).await?;
-                if response.status().is_success() {
-                    // Write-through: revalidate now, so subscribers see the write at once.
-                    self.refresh(&key);
-                }
-                Ok(response)
-            }
-            _ => self.pass_through(req).await,
+            Method::GET | Method::HEAD => self.get(req, braid).await,
+            Method::OPTIONS | Method::TRACE => self.pass_through(req).await,
+            _ => self.unsafe_method(req).await,
         }
     }
 
@@ -192,38 +202,28 @@ impl Router {
         proxy::pass_through(req, &self.inner.client, &self.inner.config).await
     }
 
-    /// The resource for a request, starting its watcher when it is new.
-    fn resource<T>(
-        &self,
-        req: &Request<Incoming>,
-        with: impl FnOnce(&Arc<Resource>) -> T,
-    ) -> Result<(Arc<Resource>, bool, T), Refusal> {
-        let key = key_of(req);
-        let via = proxy::via_chain(req.headers(), &self.inner.config.proxy_id)
-            .ok_or_else(|| Refusal::BadRequest("malformed Via header".into()))?;
-        let (resource, created, t) = self.inner.registry.get_or_create(&key, with);
-        if created {
-            tokio::spawn(self.inner.watchers.clone().watch(resource.clone(), via));
-        }
-        Ok((resource, created, t))
-    }
-
-    /// Waits (bounded) for the first state of a new resource, or a fresh one.
-    async fn fresh(&self, resource: &Resource, created: bool) {
-        let config = &self.inner.config;
-        let v = resource.validation();
-        let fresh = !created
-            && !v.stale
-            && !v.failed
-            && (v.live || v.at.is_some_and(|at| at.elapsed() < config.poll_interval))
-            && resource.head().seq > 0;
-        if !fresh {
-            if !created {
-                resource.wake.notify_one();
+    /// An unsafe (or unknown) method: forwarded; a non-error answer
+    /// invalidates the URL, and the same-origin `Location` and
+    /// `Content-Location` it names (RFC 9111 §4.4), and revalidates their
+    /// watchers at once (write-through).
+    async fn unsafe_method(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+        let path = key_of(&req);
+        let host = proxy::request_host(&req);
+        let response = self.pass_through(req).await?;
+        let status = response.status();
+        if status.is_success() || status.is_redirection() {
+            self.refresh(&path);
+            for name in [header::LOCATION, header::CONTENT_LOCATION] {
+                if let Some(target) = response
+                    .headers()
+                    .get(name)
+                    .and_then(|v| same_origin_target(v, host.as_deref()))
+                {
+                    self.refresh(&target);
+                }
             }
-            let limit = config.response_timeout + config.connect_timeout;
-            upstream::await_validation(resource, v.generation, limit).await;
         }
+        Ok(response)
     }
 
     async fn subscribe(
@@ -231,44 +231,388 @@ impl Router {
         req: Request<Incoming>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
-        let (resource, created, rx) = self.resource(&req, |r| r.subscribe())?;
-        if !created && resource.subscribers() == 1 {
-            // The first subscriber of a resource plain GETs made: ask the
-            // upstream for a subscription now rather than at the next poll.
+        let inner = &self.inner;
+        let host = proxy::request_host(&req).unwrap_or_default();
+        let key = inner.registry.key_for(&key_of(&req), req.headers(), &host);
+        let (resource, _, rx) = inner.registry.get_or_create(
+            &key,
+            || proxy::watcher_template(&req, &inner.config),
+            |r| r.subscribe(),
+        )?;
+        let generation = resource.validation().generation;
+        if inner.registry.claim_watcher(&resource) {
+            tokio::spawn(inner.watchers.clone().watch(resource.clone()));
+        } else if resource.subscribers() == 1 {
+            // The first subscriber of a watched resource: ask the upstream
+            // for a subscription now rather than at the next poll.
             resource.wake.notify_one();
         }
         if resource.head().seq == 0 {
-            self.fresh(&resource, created).await;
+            let limit = inner.config.response_timeout + inner.config.connect_timeout;
+            upstream::await_validation(&resource, generation, limit).await;
         }
         if resource.head().seq == 0 {
             return Err(Refusal::UpstreamBroken(
                 "no state for this resource yet: the origin could not be reached or gave an unusable answer".into(),
             ));
         }
-        self.inner.subscriptions.respond(resource, rx, &braid)
+        inner.subscriptions.respond(resource, rx, &braid)
     }
 
+    /// A plain GET or HEAD, answered as a shared cache would (RFC 9111):
+    /// from stored state where it is fresh for this request, after a
+    /// revalidation where it is not, and from the origin otherwise, whose
+    /// answer then seeds the state.
     async fn get(
         &self,
         req: Request<Incoming>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
-        let (resource, created, ()) = self.resource(&req, |_| ())?;
-        self.fresh(&resource, created).await;
-        let head = resource.head();
-        if resource.validation().failed || head.seq == 0 {
+        let inner = &self.inner;
+        let request_cc = cache::request_cache_control(req.headers());
+        let h = req.headers();
+        let bypass = request_cc.no_store
+            || [
+                header::RANGE,
+                header::IF_MATCH,
+                header::IF_UNMODIFIED_SINCE,
+                header::IF_RANGE,
+            ]
+            .iter()
+            .any(|name| h.contains_key(name));
+        if bypass {
             return self.pass_through(req).await;
         }
-        if let Some(wanted) = &braid.version {
-            if *wanted != head.version {
-                return Err(Refusal::VersionUnavailable(wanted.to_header_value()));
+        let host = proxy::request_host(&req).unwrap_or_default();
+        let key = inner.registry.key_for(&key_of(&req), h, &host);
+        let resource = inner.registry.get(&key);
+        if let Some(resource) = &resource {
+            if let Some(response) = self.answer_from_state(&req, &braid, resource, &request_cc) {
+                return Ok(response);
             }
         }
-        match subscribe::serve_state(&req, &head) {
-            Some(response) => Ok(response),
-            None => self.pass_through(req).await,
+        if braid.version.is_some() {
+            // A version the proxy does not hold: the origin's to answer.
+            return self.pass_through(req).await;
+        }
+        if request_cc.only_if_cached {
+            return Ok(only_if_cached_miss());
+        }
+        let guard = match &resource {
+            Some(resource)
+                if !resource
+                    .uncacheable
+                    .load(std::sync::atomic::Ordering::Relaxed) =>
+            {
+                let arrived = resource.validation().generation;
+                let lock = resource.fetching.clone().lock_owned();
+                let guard = tokio::time::timeout(inner.config.response_timeout, lock)
+                    .await
+                    .ok();
+                // Another request fetched while this one waited: its answer may do.
+                if resource.validation().generation != arrived {
+                    if let Some(response) =
+                        self.answer_from_state(&req, &braid, resource, &request_cc)
+                    {
+                        return Ok(response);
+                    }
+                }
+                guard
+            }
+            _ => None,
+        };
+        self.fetch(req, key, host, resource, guard).await
+    }
+
+    /// The stored answer, if it may answer this request without the origin.
+    fn answer_from_state<B>(
+        &self,
+        req: &Request<B>,
+        braid: &BraidRequest,
+        resource: &Resource,
+        request_cc: &cache::CacheControl,
+    ) -> Option<Response<Body>> {
+        let stored = resource.stored().filter(|s| !s.invalid)?;
+        let head = resource.head();
+        if let Some(wanted) = &braid.version {
+            if stored.version.as_ref() != Some(wanted) {
+                return None;
+            }
+        }
+        // Never older than the newest version the proxy knows.
+        if stored.version.as_ref().is_some_and(|v| *v != head.version) {
+            return None;
+        }
+        let outcome = if stored.from_stream {
+            if !resource.validation().live {
+                return None;
+            }
+            CacheOutcome::Live
+        } else {
+            let now = std::time::SystemTime::now();
+            match cache::reuse(
+                stored.status,
+                &stored.headers,
+                stored.timing,
+                request_cc,
+                now,
+            ) {
+                Reuse::Fresh { ttl } => CacheOutcome::Hit { ttl },
+                Reuse::Revalidate => return None,
+            }
+        };
+        Metrics::inc(&self.inner.metrics.cache_hits_total);
+        Some(subscribe::serve_stored(
+            req,
+            &stored,
+            &head,
+            outcome,
+            &self.inner.config.proxy_id,
+        ))
+    }
+
+    /// Sends a GET to the origin for a stored answer that cannot be reused
+    /// (a conditional request with its validators) or for none, and stores
+    /// what comes back where RFC 9111 allows: a 304 refreshes the stored
+    /// answer; a storable answer is streamed to the client as it is stored.
+    fn fetch(
+        &self,
+        req: Request<Incoming>,
+        key: Key,
+        host: String,
+        resource: Option<Arc<Resource>>,
+        guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + Send + 'static {
+        fetch(self.inner.clone(), req, key, host, resource, guard)
+    }
+}
+
+/// See [`Router::fetch`].
+async fn fetch(
+    inner: Arc<Inner>,
+    req: Request<Incoming>,
+    key: Key,
+    host: String,
+    resource: Option<Arc<Resource>>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+) -> Result<Response<Body>, Refusal> {
+    let config = &inner.config;
+    let request_cc = cache::request_cache_control(req.headers());
+    let stored = resource
+        .as_ref()
+        .and_then(|r| r.stored())
+        .filter(|s| !s.from_stream);
+    let mut probe = Request::new(());
+    *probe.method_mut() = req.method().clone();
+    *probe.headers_mut() = req.headers().clone();
+    let template = proxy::watcher_template(&req, config);
+    let credentials = req.headers().contains_key(header::AUTHORIZATION);
+    let mut out = proxy::upstream_request(req, &inner.client, config)?;
+    let validators = stored.as_ref().map(|s| {
+        (
+            s.headers.get(header::ETAG).cloned(),
+            s.headers.get(header::LAST_MODIFIED).cloned(),
+        )
+    });
+    let revalidating = matches!(validators, Some((Some(_), _)) | Some((_, Some(_))));
+    if let (true, Some((etag, modified))) = (revalidating, validators) {
+        let h = out.headers_mut();
+        h.remove(header::IF_NONE_MATCH);
+        h.remove(header::IF_MODIFIED_SINCE);
+        if let Some(etag) = etag {
+            h.insert(header::IF_NONE_MATCH, etag);
+        }
+        if let Some(modified) = modified {
+            h.insert(header::IF_MODIFIED_SINCE, modified);
         }
     }
+    let sent = std::time::SystemTime::now();
+    let response = inner.client.send(out).await?;
+    let timing = Timing {
+        request_time: sent,
+        response_time: std::time::SystemTime::now(),
+    };
+    let status = response.status();
+    if let (true, StatusCode::NOT_MODIFIED, Some(resource)) = (revalidating, status, &resource) {
+        inner
+            .watchers
+            .not_modified(resource, response.headers(), timing);
+        resource.validated(true);
+        Metrics::inc(&inner.metrics.cache_revalidated_total);
+        if let Some(stored) = resource.stored() {
+            let head = resource.head();
+            return Ok(subscribe::serve_stored(
+                &probe,
+                &stored,
+                &head,
+                CacheOutcome::Revalidated,
+                &config.proxy_id,
+            ));
+        }
+    }
+    let fwd = if stored.is_some() {
+        "stale"
+    } else if resource.is_some() {
+        "miss"
+    } else {
+        "uri-miss"
+    };
+    let not_stored = if probe.method() == Method::HEAD {
+        Some("head")
+    } else {
+        cache::unstorable(&request_cc, status, response.headers(), credentials)
+    };
+    let declared = response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let not_stored = not_stored.or_else(|| {
+        declared
+            .is_some_and(|n| n > config.max_body_bytes)
+            .then_some("too large")
+    });
+    let mut response = proxy::downstream_response(response, config);
+    let target: Result<Arc<Resource>, &'static str> = match not_stored {
+        Some(reason) => Err(reason),
+        None => {
+            let vary = cache::vary(response.headers());
+            let key = inner
+                .registry
+                .learn_vary(&key.path, &vary, probe.headers(), &host);
+            inner
+                .registry
+                .get_or_create(&key, || template, |_| ())
+                .map(|(r, _, ())| r)
+                .map_err(|_| "private cap")
+        }
+    };
+    let detail = match target {
+        Err(reason) => {
+            if let Some(resource) = &resource {
+                resource
+                    .uncacheable
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Metrics::inc(&inner.metrics.cache_not_stored_total);
+            format!(
+                "fwd={fwd}; fwd-status={}; detail=\"not stored: {reason}\"",
+                status.as_u16()
+            )
+        }
+        Ok(target) => {
+            let headers = response.headers().clone();
+            let encoded = headers.contains_key(header::CONTENT_ENCODING);
+            let announced = crate::resource::announced_version(&headers)
+                .filter(|_| status == StatusCode::OK && !encoded);
+            if status == StatusCode::OK && !encoded && announced.is_none() && declared.is_some() {
+                // The version is a hash of the body: read it (it is
+                // within max-body-bytes) so this answer can name it.
+                Metrics::inc(&inner.metrics.cache_misses_total);
+                return fetch_whole(inner.clone(), response, probe, target, timing, fwd, guard)
+                    .await;
+            }
+            if let Some(v) =
+                announced.and_then(|v| HeaderValue::from_str(&v.to_header_value()).ok())
+            {
+                let h = response.headers_mut();
+                h.insert(HeaderName::from_static("version"), v.clone());
+                h.insert(HeaderName::from_static("current-version"), v);
+            }
+            let watchers = inner.watchers.clone();
+            let body = std::mem::replace(response.body_mut(), body::empty());
+            let done: body::OnComplete = Box::new(move |bytes| {
+                watchers.absorb_fetched(&target, status, &headers, bytes, timing, true);
+                target.validated(true);
+            });
+            *response.body_mut() = body::tee(body, config.max_body_bytes, guard, done);
+            format!("fwd={fwd}; fwd-status={}; stored", status.as_u16())
+        }
+    };
+    Metrics::inc(&inner.metrics.cache_misses_total);
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"; {detail}", config.proxy_id)) {
+        response
+            .headers_mut()
+            .append(HeaderName::from_static("cache-status"), v);
+    }
+    Ok(response)
+}
+
+/// Reads a storable 200 whole (its length is declared and within
+/// `--max-body-bytes`), stores it, and answers from the stored state,
+/// so the answer carries the version derived from the body.
+async fn fetch_whole(
+    inner: Arc<Inner>,
+    response: Response<Body>,
+    probe: Request<()>,
+    target: Arc<Resource>,
+    timing: Timing,
+    fwd: &'static str,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+) -> Result<Response<Body>, Refusal> {
+    use http_body_util::BodyExt;
+    let (parts, body) = response.into_parts();
+    let limit = inner.config.max_body_bytes;
+    let read = async move {
+        use bytes::Buf;
+        let mut body = body;
+        let mut buf = bytes::BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("origin body failed: {e}"))?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.remaining() > limit {
+                    return Err("origin body is larger than its Content-Length".to_string());
+                }
+                buf.extend_from_slice(data.chunk());
+            }
+        }
+        Ok::<_, String>(buf.freeze())
+    };
+    let bytes = match tokio::time::timeout(inner.config.response_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(reason)) => return Err(Refusal::UpstreamBroken(reason)),
+        Err(_) => return Err(Refusal::UpstreamTimeout(inner.config.response_timeout)),
+    };
+    inner
+        .watchers
+        .absorb_fetched(&target, parts.status, &parts.headers, bytes, timing, true);
+    target.validated(true);
+    drop(guard);
+    let stored = target
+        .stored()
+        .ok_or_else(|| Refusal::UpstreamBroken("origin answer could not be stored".into()))?;
+    let head = target.head();
+    Ok(subscribe::serve_stored(
+        &probe,
+        &stored,
+        &head,
+        CacheOutcome::Fetched { fwd },
+        &inner.config.proxy_id,
+    ))
+}
+
+/// The answer to `only-if-cached` when nothing stored will do (RFC 9111 §5.2.1.7).
+fn only_if_cached_miss() -> Response<Body> {
+    let mut response = Response::new(body::full(
+        "nothing stored for this request (only-if-cached)\n",
+    ));
+    *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+    response
+}
+
+/// The path and query of a `Location` or `Content-Location` value that
+/// names this origin: relative, or absolute with the request's host.
+fn same_origin_target(value: &HeaderValue, host: Option<&str>) -> Option<String> {
+    let text = value.to_str().ok()?;
+    let uri: http::Uri = text.parse().ok()?;
+    if let Some(authority) = uri.authority() {
+        if Some(authority.as_str()) != host {
+            return None;
+        }
+    } else if !text.starts_with('/') {
+        return None;
+    }
+    uri.path_and_query().map(|p| p.as_str().to_string())
 }
 
 /// The registry key of a request: its path and query.
@@ -278,20 +622,4 @@ fn key_of<B>(req: &Request<B>) -> String {
         .map(|p| p.as_str())
         .unwrap_or("/")
         .to_string()
-}
-
-/// A GET may be answered from the shared state only when nothing in it
-/// personalises the answer: no credentials, no ranges, no conditional
-/// request other than If-None-Match.
-fn shareable<B>(req: &Request<B>) -> bool {
-    let h = req.headers();
-    ![
-        header::AUTHORIZATION,
-        header::COOKIE,
-        header::RANGE,
-        header::IF_MATCH,
-        header::IF_RANGE,
-    ]
-    .iter()
-    .any(|name| h.contains_key(name))
 }

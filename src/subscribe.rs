@@ -21,9 +21,10 @@ use tokio::sync::watch;
 
 use crate::body::{self, Body, Chunk};
 use crate::braid::{self, VersionList};
+use crate::cache;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
-use crate::resource::{Head, History, Resource, State};
+use crate::resource::{Head, History, Resource, State, Stored};
 
 /// What a subscription request asked for, parsed and validated.
 #[derive(Debug, Default)]
@@ -299,67 +300,108 @@ impl Cursor {
     }
 }
 
-/// A plain GET answered from the proxy's state: the body with `Version`,
-/// `Current-Version`, an `ETag` matching the version, and `Repr-Digest`;
-/// 304 when `If-None-Match` names that ETag. `None` when the state cannot
-/// answer (not a 200) and the request should go to the origin.
-pub fn serve_state<B>(req: &Request<B>, head: &Head) -> Option<Response<Body>> {
-    let State::Present {
-        body: content,
-        content_type,
-        etag,
-    } = &head.state
-    else {
-        return None;
-    };
-    let etag = etag
-        .as_deref()
-        .filter(|e| crate::resource::strong_etag(e).is_some())
-        .map(str::to_string)
-        .unwrap_or_else(|| match head.version.first() {
-            Some(v) => format!("\"{}\"", v.as_str()),
-            None => String::new(),
-        });
-    let not_modified = req
-        .headers()
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
-    let mut response = if not_modified {
-        let mut r = Response::new(body::empty());
-        *r.status_mut() = StatusCode::NOT_MODIFIED;
-        r
-    } else if req.method() == Method::HEAD {
-        Response::new(body::empty())
-    } else {
-        Response::new(body::full(content.clone()))
-    };
-    let h = response.headers_mut();
-    let version = head.version.to_header_value();
-    for (name, value) in [
-        (HeaderName::from_static("version"), version.as_str()),
-        (HeaderName::from_static("current-version"), version.as_str()),
-        (header::ETAG, etag.as_str()),
-        (HeaderName::from_static("repr-digest"), head.digest.as_str()),
-    ] {
-        if let Ok(v) = HeaderValue::from_str(value) {
-            h.insert(name, v);
-        }
-    }
-    if !not_modified {
-        if let Some(v) = content_type
-            .as_deref()
-            .and_then(|ct| HeaderValue::from_str(ct).ok())
+/// How a plain GET was answered, for `Cache-Status` (RFC 9211).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// From stored state, without the origin; `ttl` seconds of freshness left.
+    Hit { ttl: i64 },
+    /// From stored state after the origin answered 304 to a revalidation.
+    Revalidated,
+    /// From stored state kept current by a live Braid upstream subscription.
+    Live,
+    /// Fetched from the origin (`fwd` says why) and stored on the way.
+    Fetched { fwd: &'static str },
+}
+
+/// A plain GET or HEAD answered from stored state: the origin's status and
+/// end-to-end headers, with `Age`, the Braid headers (`Version`,
+/// `Current-Version`, `Repr-Digest`) when the body is the resource's head,
+/// `Vary` extended by the Braid request headers, and `Cache-Status`. 304
+/// when the client's own `If-None-Match` (weak comparison) or
+/// `If-Modified-Since` matches.
+pub fn serve_stored<B>(
+    req: &Request<B>,
+    stored: &Stored,
+    head: &Head,
+    outcome: CacheOutcome,
+    cache_id: &str,
+) -> Response<Body> {
+    let current = stored.version.as_ref().filter(|v| **v == head.version);
+    let mut headers = stored.headers.clone();
+    // A version the origin gave no ETag for gets one (the Braid version).
+    if !headers.contains_key(header::ETAG) {
+        if let Some(v) = current
+            .and_then(|v| v.first())
+            .and_then(|v| HeaderValue::from_str(&format!("\"{}\"", v.as_str())).ok())
         {
-            h.insert(header::CONTENT_TYPE, v);
+            headers.insert(header::ETAG, v);
         }
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(content.len()));
     }
-    h.insert(
+    let etag = headers
+        .get(header::ETAG)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let rh = req.headers();
+    let not_modified = stored.status == StatusCode::OK
+        && match rh.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
+            Some(inm) => cache::if_none_match(inm, etag.as_deref()),
+            None => rh
+                .get(header::IF_MODIFIED_SINCE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|ims| {
+                    cache::not_modified_since(headers.get(header::LAST_MODIFIED), ims)
+                }),
+        };
+    let age = cache::current_age(&stored.headers, stored.timing, std::time::SystemTime::now());
+    headers.insert(header::AGE, HeaderValue::from(age));
+    if let Some(version) = current {
+        let value = version.to_header_value();
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static("version"), v.clone());
+            headers.insert(HeaderName::from_static("current-version"), v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&head.digest) {
+            if !head.digest.is_empty() {
+                headers.insert(HeaderName::from_static("repr-digest"), v);
+            }
+        }
+    }
+    headers.append(
         header::VARY,
         HeaderValue::from_static("Version, Parents, Subscribe"),
     );
-    Some(response)
+    let status = match outcome {
+        CacheOutcome::Hit { ttl } => format!("hit; ttl={ttl}"),
+        CacheOutcome::Revalidated => "fwd=stale; fwd-status=304".to_string(),
+        CacheOutcome::Live => "hit; detail=\"braid-subscription\"".to_string(),
+        CacheOutcome::Fetched { fwd } => format!("fwd={fwd}; fwd-status=200; stored"),
+    };
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{cache_id}\"; {status}")) {
+        headers.append(HeaderName::from_static("cache-status"), v);
+    }
+    let mut response = if not_modified {
+        for name in [
+            header::CONTENT_TYPE,
+            header::CONTENT_ENCODING,
+            header::CONTENT_LANGUAGE,
+        ] {
+            headers.remove(name);
+        }
+        let mut r = Response::new(body::empty());
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(stored.body.len()));
+        let mut r = if req.method() == Method::HEAD {
+            Response::new(body::empty())
+        } else {
+            Response::new(body::full(stored.body.clone()))
+        };
+        *r.status_mut() = stored.status;
+        r
+    };
+    *response.headers_mut() = headers;
+    response
 }
 
 /// CORS for browsers: the configured origins, the Braid request headers in

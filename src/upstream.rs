@@ -13,7 +13,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -23,9 +23,10 @@ use tracing::{debug, warn};
 
 use crate::body;
 use crate::braid::{self, DecodeError, DecodeLimits, Decoder, Update, VersionList};
+use crate::cache::{self, Timing};
 use crate::metrics::Metrics;
 use crate::proxy::UpstreamClient;
-use crate::resource::{Change, History, Registry, Resource, State, Tuning};
+use crate::resource::{Change, History, Registry, Resource, State, Stored, Tuning};
 
 /// What a watcher needs, shared by all of them.
 pub struct Watchers {
@@ -73,8 +74,6 @@ enum Mode {
 /// One watcher's own state.
 struct Watch {
     resource: Arc<Resource>,
-    /// The `Via` chain sent upstream: the creating request's, then ours.
-    via: HeaderValue,
     validators: Validators,
     mode: Mode,
     /// Consecutive Braid subscription failures, for the backoff.
@@ -120,13 +119,21 @@ impl Drop for Open<'_> {
 }
 
 impl Watchers {
-    /// Runs the one watcher of `resource` until the resource is dropped.
-    /// `via` is the `Via` value its upstream requests carry.
-    pub async fn watch(self: Arc<Self>, resource: Arc<Resource>, via: HeaderValue) {
+    /// Runs the one watcher of `resource` until it has had no subscribers
+    /// for `--resource-idle`. Its requests carry the resource's template
+    /// headers (the creating client's identity and forwarding headers).
+    pub async fn watch(self: Arc<Self>, resource: Arc<Resource>) {
+        let validators = resource
+            .stored()
+            .filter(|s| !s.from_stream)
+            .map(|s| Validators {
+                etag: s.headers.get(header::ETAG).cloned(),
+                last_modified: s.headers.get(header::LAST_MODIFIED).cloned(),
+            })
+            .unwrap_or_default();
         let mut w = Watch {
             resource,
-            via,
-            validators: Validators::default(),
+            validators,
             mode: Mode::Unknown,
             failures: 0,
             resync: false,
@@ -167,11 +174,7 @@ impl Watchers {
                     .max(Duration::from_millis(10))
             };
             woken = self.pause(&w, wait, braid_retry.is_some()).await;
-            if !woken
-                && self
-                    .registry
-                    .remove_if_idle(&w.resource, self.resource_idle)
-            {
+            if !woken && self.registry.watcher_done(&w.resource, self.resource_idle) {
                 debug!(resource = w.resource.key(), "resource idle; watcher ends");
                 return;
             }
@@ -210,6 +213,7 @@ impl Watchers {
         let mut parents =
             (!w.resync && head.seq > 0 && !head.version.is_empty()).then(|| head.version.clone());
         w.resync = false;
+        let sent = SystemTime::now();
         let response = loop {
             let response = match self.send(w, Some(parents.as_ref())).await {
                 Ok(response) => response,
@@ -232,7 +236,7 @@ impl Watchers {
             break response;
         };
         if response.status().as_u16() != 209 {
-            let ok = self.absorb_plain(w, response).await;
+            let ok = self.absorb_plain(w, response, sent).await;
             w.resource.validated(ok);
             if !ok {
                 return self.failed(w);
@@ -254,6 +258,7 @@ impl Watchers {
             );
         }
         w.mode = Mode::Braid;
+        w.resource.braid_upstream.store(true, Relaxed);
         if std::mem::replace(&mut w.subscribed_before, true) {
             Metrics::inc(&self.metrics.upstream_reconnects_total);
         }
@@ -483,7 +488,36 @@ impl Watchers {
                 return Err(End::Resync("a body that does not match its Repr-Digest"));
             }
         }
-        Ok(self.publish(&w.resource, change))
+        let changed = self.publish(&w.resource, change);
+        self.store_streamed(&w.resource);
+        Ok(changed)
+    }
+
+    /// Stores the head learned from a Braid upstream for plain GETs; it is
+    /// reused only while that subscription is live.
+    fn store_streamed(&self, resource: &Resource) {
+        let head = resource.head();
+        let State::Present { content_type, .. } = &head.state else {
+            resource.set_stored(None);
+            return;
+        };
+        let mut headers = http::HeaderMap::new();
+        if let Some(v) = content_type
+            .as_deref()
+            .and_then(|ct| HeaderValue::from_str(ct).ok())
+        {
+            headers.insert(header::CONTENT_TYPE, v);
+        }
+        resource.set_stored(Some(Stored {
+            status: StatusCode::OK,
+            headers,
+            body: head.body(),
+            timing: Timing::now(),
+            version: Some(head.version.clone()),
+            from_stream: true,
+            invalid: false,
+        }));
+        self.registry.enforce_cap();
     }
 
     fn publish(&self, resource: &Resource, change: Change) -> bool {
@@ -504,12 +538,13 @@ impl Watchers {
         let mut req = Request::new(body::empty());
         *req.method_mut() = Method::GET;
         *req.uri_mut() = uri;
+        *req.headers_mut() = w.resource.template.clone();
         let headers = req.headers_mut();
+        // Patches are made of the decoded text: ask for no content coding.
         headers.insert(
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        headers.insert(header::VIA, w.via.clone());
         match subscribe {
             Some(parents) => {
                 headers.insert("subscribe", HeaderValue::from_static("true"));
@@ -537,8 +572,9 @@ impl Watchers {
 
     /// One conditional request; publishes what changed. False on failure.
     async fn poll_once(&self, w: &mut Watch) -> bool {
+        let sent = SystemTime::now();
         match self.send(w, None).await {
-            Ok(response) => self.absorb_plain(w, response).await,
+            Ok(response) => self.absorb_plain(w, response, sent).await,
             Err(reason) => {
                 warn!(resource = w.resource.key(), %reason, "poll failed");
                 false
@@ -546,79 +582,180 @@ impl Watchers {
         }
     }
 
-    /// Publishes what a plain (non-209) response says. False when unusable.
-    async fn absorb_plain(&self, w: &mut Watch, response: Response<Incoming>) -> bool {
-        let resource = &w.resource;
+    /// Publishes what a plain (non-209) response to the watcher says. False
+    /// when unusable.
+    async fn absorb_plain(
+        &self,
+        w: &mut Watch,
+        response: Response<Incoming>,
+        sent: SystemTime,
+    ) -> bool {
+        let resource = w.resource.clone();
         let status = response.status();
+        let timing = Timing {
+            request_time: sent,
+            response_time: SystemTime::now(),
+        };
         if status == StatusCode::NOT_MODIFIED {
             Metrics::inc(&self.metrics.polls_not_modified_total);
+            self.not_modified(&resource, response.headers(), timing);
             return true;
         }
-        let (state, version) = match status {
-            StatusCode::OK => {
-                let headers = response.headers();
-                let content_type = text_header(headers, header::CONTENT_TYPE);
-                let etag = text_header(headers, header::ETAG);
-                // A Braid server names its version; tiers then share ids.
-                let version = headers
-                    .get("version")
-                    .and_then(|v| VersionList::parse_named(v.as_bytes(), "Version").ok())
-                    .filter(|v| !v.is_empty());
-                let declared = headers
-                    .get(header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok());
-                w.validators.etag = headers.get(header::ETAG).cloned();
-                w.validators.last_modified = headers.get(header::LAST_MODIFIED).cloned();
-                let state = if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
-                    too_large(self.max_body_bytes)
-                } else {
-                    match self.read_body(response.into_body()).await {
-                        Ok(body) => State::Present {
-                            body,
-                            content_type,
-                            etag,
-                        },
-                        Err(BodyFailure::TooLarge) => too_large(self.max_body_bytes),
-                        Err(BodyFailure::Broken(reason)) => {
-                            warn!(resource = resource.key(), %reason, "origin body failed");
-                            return false;
-                        }
-                    }
-                };
-                (state, version)
-            }
-            StatusCode::NOT_FOUND | StatusCode::GONE => {
-                w.validators = Validators::default();
-                (
-                    State::Missing {
-                        status: status.as_u16(),
-                    },
-                    None,
-                )
-            }
-            other => {
+        if !matches!(
+            status,
+            StatusCode::OK | StatusCode::NOT_FOUND | StatusCode::GONE
+        ) {
+            warn!(
+                resource = resource.key(),
+                status = status.as_u16(),
+                "origin answered with an unusable status"
+            );
+            return false;
+        }
+        if let Err(refusal) = self.check_shareable(&resource, response.headers()) {
+            warn!(resource = resource.key(), %refusal, "cannot track this resource");
+            return false;
+        }
+        w.validators = Validators {
+            etag: response.headers().get(header::ETAG).cloned(),
+            last_modified: response.headers().get(header::LAST_MODIFIED).cloned(),
+        };
+        let declared = response
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let (parts, body) = response.into_parts();
+        let body = if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
+            Err(BodyFailure::TooLarge)
+        } else {
+            self.read_body(body).await
+        };
+        let body = match body {
+            Ok(body) => body,
+            Err(BodyFailure::TooLarge) => {
                 warn!(
                     resource = resource.key(),
-                    status = other.as_u16(),
-                    "origin answered with an unusable status"
+                    "origin body over max-body-bytes; not tracked"
                 );
+                self.publish(&resource, Change::derived(too_large(self.max_body_bytes)));
+                return true;
+            }
+            Err(BodyFailure::Broken(reason)) => {
+                warn!(resource = resource.key(), %reason, "origin body failed");
                 return false;
             }
         };
-        if let State::Error { reason, .. } = &state {
-            warn!(resource = resource.key(), %reason, "origin body not tracked");
-        }
-        let version = version.filter(|_| matches!(state, State::Present { .. }));
-        self.publish(
-            resource,
-            Change {
-                state,
-                version,
-                patches: None,
-            },
+        // The watcher asked for no content coding; a stored copy for plain
+        // GETs is only kept where that does not change the variant.
+        let for_gets = !matches!(
+            cache::vary(&parts.headers),
+            cache::Vary::Names(ref names) if names.contains(&header::ACCEPT_ENCODING)
+        );
+        self.absorb_fetched(
+            &resource,
+            parts.status,
+            &parts.headers,
+            body,
+            timing,
+            for_gets,
         );
         true
+    }
+
+    /// Detaches `resource` when the origin's answer shows that it is not
+    /// shareable under its key: a `Vary` other than the one the key was
+    /// made with, or a private answer to a request without credentials.
+    fn check_shareable(
+        &self,
+        resource: &Arc<Resource>,
+        headers: &http::HeaderMap,
+    ) -> Result<(), crate::error::Refusal> {
+        let vary = cache::vary(headers);
+        let cc = cache::CacheControl::parse(headers);
+        let personal = cc.private || cc.no_store || headers.contains_key(header::SET_COOKIE);
+        if vary != resource.vary {
+            self.registry.record_vary(resource.key(), &vary);
+        }
+        if vary != resource.vary || (personal && !resource.private) {
+            self.registry.detach(resource)?;
+        }
+        Ok(())
+    }
+
+    /// Records a 304: the stored answer's headers are updated (RFC 9111
+    /// §4.3.4) and its age starts over.
+    pub fn not_modified(&self, resource: &Resource, headers: &http::HeaderMap, timing: Timing) {
+        if let Some(stored) = resource.stored().filter(|s| !s.from_stream) {
+            let mut updated = Stored::clone(&stored);
+            updated.headers = cache::merge_not_modified(&stored.headers, headers);
+            updated.timing = timing;
+            updated.invalid = false;
+            resource.set_stored(Some(updated));
+        }
+    }
+
+    /// Records a complete answer from the origin, from a watcher's poll or
+    /// a client's GET: publishes the state to subscribers (a 200 without
+    /// content coding, 404 or 410) and, when `for_gets`, stores it for
+    /// plain GETs. The one path every plain answer takes into the state.
+    pub fn absorb_fetched(
+        &self,
+        resource: &Resource,
+        status: StatusCode,
+        headers: &http::HeaderMap,
+        body: Bytes,
+        timing: Timing,
+        for_gets: bool,
+    ) {
+        let encoded = headers
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"));
+        let state = match status {
+            StatusCode::OK if !encoded => Some(State::Present {
+                body: body.clone(),
+                content_type: text_header(headers, header::CONTENT_TYPE),
+                etag: text_header(headers, header::ETAG),
+            }),
+            StatusCode::NOT_FOUND | StatusCode::GONE => Some(State::Missing {
+                status: status.as_u16(),
+            }),
+            _ => None,
+        };
+        // A Braid server names its version; tiers then share ids.
+        let version = headers
+            .get("version")
+            .and_then(|v| VersionList::parse_named(v.as_bytes(), "Version").ok())
+            .filter(|v| !v.is_empty() && status == StatusCode::OK);
+        let changed = match state {
+            Some(state) => self.publish(
+                resource,
+                Change {
+                    state,
+                    version,
+                    patches: None,
+                },
+            ),
+            None => false,
+        };
+        let head = resource.head();
+        let body_is_head = status == StatusCode::OK && !encoded && head.seq > 0;
+        if for_gets {
+            resource.set_stored(Some(Stored {
+                status,
+                headers: cache::stored_headers(headers),
+                body: if body_is_head { head.body() } else { body },
+                timing,
+                version: body_is_head.then(|| head.version.clone()),
+                from_stream: false,
+                invalid: false,
+            }));
+            resource.uncacheable.store(false, Relaxed);
+        } else if changed {
+            resource.invalidate();
+        }
+        self.registry.enforce_cap();
     }
 
     /// Reads a body up to the limit, bounded in time by the response timeout.

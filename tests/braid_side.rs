@@ -70,6 +70,7 @@ impl Origin {
         Response::builder()
             .header("etag", etag)
             .header("content-type", "text/plain")
+            .header("cache-control", "max-age=60")
             .body(Full::new(body))
             .expect("response")
     }
@@ -176,12 +177,27 @@ async fn plain_get_is_served_from_state_with_304() {
     let addr = origin.start().await;
     let p = proxy(addr, |c| c.poll_interval = Duration::from_secs(60)).await;
     let (_, first) = exchange(p.addr, &get("/doc", "Connection: close\r\n"), "hello").await;
+    assert!(first.contains("etag: \"e1\""), "{first}");
     assert!(
-        first.contains("version: \"e1\"") && first.contains("etag: \"e1\""),
+        first.contains("; fwd=uri-miss; fwd-status=200; stored"),
         "{first}"
     );
-    assert!(first.contains("repr-digest: sha-256=:"), "{first}");
     let gets = origin.gets.load(Ordering::SeqCst);
+    // The origin said max-age=60: the next GET is answered from state.
+    let (_, from_state) = exchange(p.addr, &get("/doc", "Connection: close\r\n"), "hello").await;
+    assert!(
+        from_state.contains("version: \"e1\"") && from_state.contains("etag: \"e1\""),
+        "{from_state}"
+    );
+    assert!(
+        from_state.contains("repr-digest: sha-256=:"),
+        "{from_state}"
+    );
+    assert!(
+        from_state.contains("cache-control: max-age=60"),
+        "{from_state}"
+    );
+    assert!(from_state.contains("; hit; ttl="), "{from_state}");
     let (_, second) = exchange(
         p.addr,
         &get("/doc", "If-None-Match: \"e1\"\r\nConnection: close\r\n"),

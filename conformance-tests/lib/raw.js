@@ -189,7 +189,7 @@ export class ChunkedDecoder {
  * Opens a raw subscription: `GET path HTTP/1.1` with the given extra headers
  * (default Subscribe: true). Maintains a replica like lib/client.js does.
  */
-export function rawSubscribe({ host = '127.0.0.1', port, path, headers = { Subscribe: 'true' }, initial } = {}) {
+export function rawSubscribe({ host = '127.0.0.1', port, path, headers = { Subscribe: 'true' }, initial, hostHeader } = {}) {
   const sock = net.connect({ host, port })
   const sub = {
     sock,
@@ -297,7 +297,7 @@ export function rawSubscribe({ host = '127.0.0.1', port, path, headers = { Subsc
     sub.ended = true
   })
 
-  const lines = [`GET ${path} HTTP/1.1`, `Host: ${host}:${port}`]
+  const lines = [`GET ${path} HTTP/1.1`, `Host: ${hostHeader ?? `${host}:${port}`}`]
   for (const [k, v] of Object.entries(headers)) lines.push(`${k}: ${v}`)
   sock.write(lines.join('\r\n') + '\r\n\r\n')
   return sub

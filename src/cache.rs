@@ -1,0 +1,630 @@
+//! RFC 9111 decisions for a shared cache, as pure functions: may a response
+//! be stored, for how long is it fresh, how old is it, may a stored response
+//! answer a request, and which request headers select its variant. Nothing
+//! here touches a socket; `router` and `upstream` act on the answers.
+
+use std::time::{Duration, SystemTime};
+
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use sha2::{Digest, Sha256};
+
+/// Longest lifetime the proxy gives a response by heuristic (RFC 9111 §4.2.2).
+pub const MAX_HEURISTIC: Duration = Duration::from_secs(24 * 3600);
+
+/// The directives of a `Cache-Control` header section that matter here.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CacheControl {
+    pub no_store: bool,
+    pub no_cache: bool,
+    /// `private`, also with field names (treated as the whole response).
+    pub private: bool,
+    pub public: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub only_if_cached: bool,
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+    /// `max-stale` without a value is `Some(u64::MAX)`.
+    pub max_stale: Option<u64>,
+    pub min_fresh: Option<u64>,
+    pub no_transform: bool,
+}
+
+impl CacheControl {
+    /// Parses every `Cache-Control` line of `headers`. A malformed argument
+    /// makes the directive count as its most conservative form.
+    pub fn parse(headers: &HeaderMap) -> CacheControl {
+        let mut cc = CacheControl::default();
+        for line in headers.get_all(header::CACHE_CONTROL) {
+            let Ok(line) = line.to_str() else { continue };
+            for directive in split_list(line) {
+                let (name, arg) = match directive.split_once('=') {
+                    Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
+                    None => (directive.trim(), None),
+                };
+                let seconds = || arg.and_then(parse_delta);
+                match name.to_ascii_lowercase().as_str() {
+                    "no-store" => cc.no_store = true,
+                    "no-cache" => cc.no_cache = true,
+                    "private" => cc.private = true,
+                    "public" => cc.public = true,
+                    "must-revalidate" => cc.must_revalidate = true,
+                    "proxy-revalidate" => cc.proxy_revalidate = true,
+                    "only-if-cached" => cc.only_if_cached = true,
+                    "no-transform" => cc.no_transform = true,
+                    // A duplicate or invalid max-age counts as stale (§4.2.1).
+                    "max-age" => {
+                        cc.max_age = Some(match (cc.max_age, seconds()) {
+                            (None, Some(s)) => s,
+                            _ => 0,
+                        })
+                    }
+                    "s-maxage" => {
+                        cc.s_maxage = Some(match (cc.s_maxage, seconds()) {
+                            (None, Some(s)) => s,
+                            _ => 0,
+                        })
+                    }
+                    "max-stale" => cc.max_stale = Some(seconds().unwrap_or(u64::MAX)),
+                    "min-fresh" => cc.min_fresh = Some(seconds().unwrap_or(0)),
+                    _ => {}
+                }
+            }
+        }
+        cc
+    }
+}
+
+/// A delta-seconds value; too large a value is the largest (§1.2.2).
+fn parse_delta(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.parse::<u64>().unwrap_or(u64::from(u32::MAX)))
+}
+
+/// Splits a comma-separated list, keeping commas inside quoted strings.
+fn split_list(line: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(line[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(line[start..].trim());
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// Status codes a cache may reuse without explicit freshness (RFC 9110 §15.1).
+pub fn heuristically_cacheable(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 206 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+/// Status codes the proxy stores: final, understood, and not partial.
+fn understood(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 302 | 303 | 307 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+/// Why a response may not be stored for reuse by other requests, or `None`
+/// when it may (RFC 9111 §3 for a shared cache). `credentials` is whether
+/// the request carried `Authorization` (§3.5).
+pub fn unstorable(
+    request: &CacheControl,
+    status: StatusCode,
+    headers: &HeaderMap,
+    credentials: bool,
+) -> Option<&'static str> {
+    let cc = CacheControl::parse(headers);
+    if !understood(status) {
+        return Some("status");
+    }
+    if request.no_store {
+        return Some("request no-store");
+    }
+    if cc.no_store {
+        return Some("no-store");
+    }
+    if cc.private {
+        return Some("private");
+    }
+    if headers.contains_key(header::SET_COOKIE) {
+        return Some("set-cookie");
+    }
+    if credentials && !(cc.public || cc.s_maxage.is_some() || cc.must_revalidate) {
+        return Some("authorization");
+    }
+    if matches!(vary(headers), Vary::Any) {
+        return Some("vary *");
+    }
+    let explicit = cc.public
+        || cc.max_age.is_some()
+        || cc.s_maxage.is_some()
+        || headers.contains_key(header::EXPIRES);
+    if !explicit && !heuristically_cacheable(status) {
+        return Some("not cacheable by default");
+    }
+    None
+}
+
+/// The timing facts of a stored response, for its age (RFC 9111 §4.2.3).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// When the request that got it was sent.
+    pub request_time: SystemTime,
+    /// When its headers arrived.
+    pub response_time: SystemTime,
+}
+
+impl Timing {
+    pub fn now() -> Timing {
+        let now = SystemTime::now();
+        Timing {
+            request_time: now,
+            response_time: now,
+        }
+    }
+}
+
+fn date_header(headers: &HeaderMap, name: HeaderName) -> Option<SystemTime> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
+}
+
+fn secs(d: Duration) -> u64 {
+    d.as_secs()
+}
+
+/// The current age of a stored response, in seconds (RFC 9111 §4.2.3).
+pub fn current_age(headers: &HeaderMap, timing: Timing, now: SystemTime) -> u64 {
+    let age_value = headers
+        .get(header::AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| parse_delta(s.trim()))
+        .unwrap_or(0);
+    let date = date_header(headers, header::DATE).unwrap_or(timing.response_time);
+    let apparent = timing
+        .response_time
+        .duration_since(date)
+        .map(secs)
+        .unwrap_or(0);
+    let delay = timing
+        .response_time
+        .duration_since(timing.request_time)
+        .map(secs)
+        .unwrap_or(0);
+    let corrected_initial = apparent.max(age_value.saturating_add(delay));
+    let resident = now
+        .duration_since(timing.response_time)
+        .map(secs)
+        .unwrap_or(0);
+    corrected_initial.saturating_add(resident)
+}
+
+/// The freshness lifetime of a response for a shared cache, in seconds
+/// (RFC 9111 §4.2.1), with the heuristic of §4.2.2 where none is given.
+pub fn freshness_lifetime(status: StatusCode, headers: &HeaderMap, timing: Timing) -> u64 {
+    let cc = CacheControl::parse(headers);
+    if let Some(s) = cc.s_maxage {
+        return s;
+    }
+    if let Some(s) = cc.max_age {
+        return s;
+    }
+    let date = date_header(headers, header::DATE).unwrap_or(timing.response_time);
+    if headers.contains_key(header::EXPIRES) {
+        // An invalid Expires (such as "0") means already expired.
+        return match date_header(headers, header::EXPIRES) {
+            Some(expires) => expires.duration_since(date).map(secs).unwrap_or(0),
+            None => 0,
+        };
+    }
+    if cc.public || heuristically_cacheable(status) {
+        if let Some(modified) = date_header(headers, header::LAST_MODIFIED) {
+            let since = date.duration_since(modified).unwrap_or_default();
+            return secs((since / 10).min(MAX_HEURISTIC));
+        }
+    }
+    0
+}
+
+/// Whether a stored response may answer a request without going to the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// Fresh enough for this request: serve it (`ttl` seconds left).
+    Fresh { ttl: i64 },
+    /// It must be revalidated first.
+    Revalidate,
+}
+
+/// Decides whether a stored response (its headers and timing) may answer a
+/// request with the given `Cache-Control` (RFC 9111 §4.2, §5.2.1).
+pub fn reuse(
+    status: StatusCode,
+    headers: &HeaderMap,
+    timing: Timing,
+    request: &CacheControl,
+    now: SystemTime,
+) -> Reuse {
+    let cc = CacheControl::parse(headers);
+    if cc.no_cache || request.no_cache {
+        return Reuse::Revalidate;
+    }
+    let lifetime = freshness_lifetime(status, headers, timing);
+    let age = current_age(headers, timing, now);
+    let ttl = lifetime as i64 - age as i64;
+    if let Some(max_age) = request.max_age {
+        if age > max_age {
+            return Reuse::Revalidate;
+        }
+    }
+    if let Some(min_fresh) = request.min_fresh {
+        if ttl < min_fresh as i64 {
+            return Reuse::Revalidate;
+        }
+    }
+    if ttl > 0 {
+        return Reuse::Fresh { ttl };
+    }
+    // Stale: only a client's max-stale allows it, never past must-revalidate.
+    let strict = cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some();
+    match request.max_stale {
+        Some(allowed) if !strict && (-ttl) as u64 <= allowed => Reuse::Fresh { ttl },
+        _ => Reuse::Revalidate,
+    }
+}
+
+/// A request's `Cache-Control`, with `Pragma: no-cache` read as `no-cache`
+/// when the request has no `Cache-Control` (RFC 9111 §5.4).
+pub fn request_cache_control(headers: &HeaderMap) -> CacheControl {
+    let mut cc = CacheControl::parse(headers);
+    if !headers.contains_key(header::CACHE_CONTROL)
+        && headers
+            .get_all(header::PRAGMA)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.to_ascii_lowercase().contains("no-cache"))
+    {
+        cc.no_cache = true;
+    }
+    cc
+}
+
+/// The response's `Vary`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Vary {
+    /// The named request headers select the variant (lowercase, sorted, unique).
+    #[default]
+    None,
+    Names(Vec<HeaderName>),
+    /// `Vary: *`: never reused.
+    Any,
+}
+
+/// Reads the `Vary` lines of a response.
+pub fn vary(headers: &HeaderMap) -> Vary {
+    let mut names = Vec::new();
+    for line in headers.get_all(header::VARY) {
+        let Ok(line) = line.to_str() else {
+            return Vary::Any;
+        };
+        for name in line.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "*" {
+                return Vary::Any;
+            }
+            match HeaderName::from_bytes(name.as_bytes()) {
+                Ok(n) => names.push(n),
+                Err(_) => return Vary::Any,
+            }
+        }
+    }
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    names.dedup();
+    if names.is_empty() {
+        Vary::None
+    } else {
+        Vary::Names(names)
+    }
+}
+
+/// The secondary key of a request: the forwarded host, the values of the
+/// headers `vary` names (RFC 9111 §4.1, whitespace normalised), and a digest
+/// of its credentials. Two requests with equal keys get the same answer.
+pub fn secondary_key(headers: &HeaderMap, host: &str, vary: &Vary) -> String {
+    let mut key = String::from(host);
+    if let Vary::Names(names) = vary {
+        for name in names {
+            key.push('\n');
+            key.push_str(name.as_str());
+            key.push(':');
+            let values: Vec<String> = headers
+                .get_all(name)
+                .iter()
+                .map(|v| normalise(v.as_bytes()))
+                .collect();
+            key.push_str(&values.join(","));
+        }
+    }
+    if let Some(digest) = credentials_digest(headers) {
+        key.push_str("\ncredentials:");
+        key.push_str(&digest);
+    }
+    key
+}
+
+fn normalise(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    let parts: Vec<&str> = text.split(',').map(|p| p.trim()).collect();
+    parts
+        .join(",")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A digest of the request's `Authorization` and `Cookie` values, if any:
+/// the part of a key that keeps one user's state from another's.
+pub fn credentials_digest(headers: &HeaderMap) -> Option<String> {
+    if !has_credentials(headers) {
+        return None;
+    }
+    let mut hasher = Sha256::new();
+    for name in [header::AUTHORIZATION, header::COOKIE] {
+        for v in headers.get_all(&name) {
+            hasher.update(name.as_str());
+            hasher.update(b"\0");
+            hasher.update(v.as_bytes());
+            hasher.update(b"\0");
+        }
+    }
+    let hash = hasher.finalize();
+    Some(hash.iter().take(16).map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether a request carries credentials.
+pub fn has_credentials(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::AUTHORIZATION) || headers.contains_key(header::COOKIE)
+}
+
+/// Weak comparison of entity tags (RFC 9110 §8.8.3.2): equal opaque tags,
+/// whatever their `W/` prefixes.
+pub fn weak_match(a: &str, b: &str) -> bool {
+    let opaque = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    let (a, b) = (opaque(a), opaque(b));
+    a.starts_with('"') && a.len() >= 2 && a == b
+}
+
+/// Whether `If-None-Match` (a list, or `*`) matches the stored `etag`.
+pub fn if_none_match(value: &str, etag: Option<&str>) -> bool {
+    split_list(value)
+        .into_iter()
+        .any(|tag| tag == "*" || etag.is_some_and(|e| weak_match(tag, e)))
+}
+
+/// Whether a stored response with `last_modified` is unmodified since
+/// `if_modified_since` (RFC 9110 §13.1.3). Invalid dates never match.
+pub fn not_modified_since(last_modified: Option<&HeaderValue>, if_modified_since: &str) -> bool {
+    let (Some(lm), Ok(since)) = (
+        last_modified
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok()),
+        httpdate::parse_http_date(if_modified_since.trim()),
+    ) else {
+        return false;
+    };
+    lm <= since
+}
+
+/// Headers a cache never stores or replays: hop-by-hop and framing.
+pub fn is_unstored(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authentication-info"
+    )
+}
+
+/// The end-to-end headers of a response, as a cache stores them.
+pub fn stored_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = headers.clone();
+    crate::proxy::strip_hop_by_hop(&mut out);
+    out.remove(header::CONTENT_LENGTH);
+    out
+}
+
+/// Updates stored headers with those of a 304 (RFC 9111 §4.3.4): each
+/// header the 304 carries replaces the stored one, except the framing ones.
+pub fn merge_not_modified(stored: &HeaderMap, update: &HeaderMap) -> HeaderMap {
+    let mut out = stored.clone();
+    let fresh = stored_headers(update);
+    for name in fresh.keys() {
+        if matches!(name.as_str(), "content-encoding" | "content-type") {
+            continue;
+        }
+        out.remove(name);
+        for v in fresh.get_all(name) {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    fn at(secs_ago: u64) -> Timing {
+        let t = SystemTime::now() - Duration::from_secs(secs_ago);
+        Timing {
+            request_time: t,
+            response_time: t,
+        }
+    }
+
+    #[test]
+    fn directives_parse() {
+        let cc = CacheControl::parse(&headers(&[
+            ("cache-control", "public, max-age=60"),
+            (
+                "cache-control",
+                "s-maxage=\"5\", no-cache=\"set-cookie, x\"",
+            ),
+        ]));
+        assert!(cc.public && cc.no_cache);
+        assert_eq!((cc.max_age, cc.s_maxage), (Some(60), Some(5)));
+        let dup = CacheControl::parse(&headers(&[("cache-control", "max-age=60, max-age=10")]));
+        assert_eq!(dup.max_age, Some(0));
+        let bad = CacheControl::parse(&headers(&[("cache-control", "max-age=abc")]));
+        assert_eq!(bad.max_age, Some(0));
+    }
+
+    #[test]
+    fn freshness_order_and_heuristic() {
+        let now = Timing::now();
+        let h = headers(&[("cache-control", "max-age=60, s-maxage=5")]);
+        assert_eq!(freshness_lifetime(StatusCode::OK, &h, now), 5);
+        let date = httpdate::fmt_http_date(now.response_time);
+        let lm = httpdate::fmt_http_date(now.response_time - Duration::from_secs(1000));
+        let h = headers(&[("date", &date), ("last-modified", &lm)]);
+        assert_eq!(freshness_lifetime(StatusCode::OK, &h, now), 100);
+        assert_eq!(freshness_lifetime(StatusCode::CREATED, &h, now), 0);
+        let h = headers(&[("date", &date), ("expires", "0")]);
+        assert_eq!(freshness_lifetime(StatusCode::OK, &h, now), 0);
+    }
+
+    #[test]
+    fn reuse_rules() {
+        let none = CacheControl::default();
+        let h = headers(&[("cache-control", "max-age=60")]);
+        assert!(matches!(
+            reuse(StatusCode::OK, &h, at(10), &none, SystemTime::now()),
+            Reuse::Fresh { .. }
+        ));
+        assert_eq!(
+            reuse(StatusCode::OK, &h, at(61), &none, SystemTime::now()),
+            Reuse::Revalidate
+        );
+        let h = headers(&[("cache-control", "max-age=60, no-cache")]);
+        assert_eq!(
+            reuse(StatusCode::OK, &h, at(0), &none, SystemTime::now()),
+            Reuse::Revalidate
+        );
+        let h = headers(&[("cache-control", "max-age=60"), ("age", "50")]);
+        let req = CacheControl::parse(&headers(&[("cache-control", "max-age=20")]));
+        assert_eq!(
+            reuse(StatusCode::OK, &h, at(0), &req, SystemTime::now()),
+            Reuse::Revalidate
+        );
+        let stale = headers(&[("cache-control", "max-age=1")]);
+        let lenient = CacheControl::parse(&headers(&[("cache-control", "max-stale=100")]));
+        assert!(matches!(
+            reuse(StatusCode::OK, &stale, at(10), &lenient, SystemTime::now()),
+            Reuse::Fresh { .. }
+        ));
+        let strict = headers(&[("cache-control", "max-age=1, must-revalidate")]);
+        assert_eq!(
+            reuse(StatusCode::OK, &strict, at(10), &lenient, SystemTime::now()),
+            Reuse::Revalidate
+        );
+    }
+
+    #[test]
+    fn storability() {
+        let none = CacheControl::default();
+        let ok = |h: &[(&str, &str)], creds| unstorable(&none, StatusCode::OK, &headers(h), creds);
+        assert_eq!(ok(&[], false), None);
+        assert_eq!(ok(&[("cache-control", "private")], false), Some("private"));
+        assert_eq!(
+            ok(&[("cache-control", "no-store")], false),
+            Some("no-store")
+        );
+        assert_eq!(ok(&[("set-cookie", "a=b")], false), Some("set-cookie"));
+        assert_eq!(ok(&[], true), Some("authorization"));
+        assert_eq!(ok(&[("cache-control", "public")], true), None);
+        assert_eq!(ok(&[("vary", "*")], false), Some("vary *"));
+    }
+
+    #[test]
+    fn keys_follow_vary_and_credentials() {
+        let vary = vary(&headers(&[("vary", "Accept-Language, accept")]));
+        let a = headers(&[("accept-language", "en"), ("accept", "text/html")]);
+        let b = headers(&[("accept-language", "fr"), ("accept", "text/html")]);
+        assert_ne!(secondary_key(&a, "h", &vary), secondary_key(&b, "h", &vary));
+        assert_eq!(
+            secondary_key(&a, "h", &Vary::None),
+            secondary_key(&b, "h", &Vary::None)
+        );
+        let mut c = a.clone();
+        c.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        assert_ne!(secondary_key(&a, "h", &vary), secondary_key(&c, "h", &vary));
+        assert_ne!(
+            secondary_key(&a, "h1", &vary),
+            secondary_key(&a, "h2", &vary)
+        );
+    }
+
+    #[test]
+    fn conditionals() {
+        assert!(if_none_match("W/\"e1\"", Some("\"e1\"")));
+        assert!(if_none_match("\"x\", \"e1\"", Some("W/\"e1\"")));
+        assert!(!if_none_match("\"x\"", Some("\"e1\"")));
+        assert!(if_none_match("*", None));
+        let lm = HeaderValue::from_static("Tue, 01 Dec 2026 00:00:00 GMT");
+        assert!(not_modified_since(
+            Some(&lm),
+            "Wed, 02 Dec 2026 00:00:00 GMT"
+        ));
+        assert!(!not_modified_since(
+            Some(&lm),
+            "Mon, 30 Nov 2026 00:00:00 GMT"
+        ));
+        assert!(!not_modified_since(Some(&lm), "garbage"));
+    }
+
+    #[test]
+    fn not_modified_merges_headers() {
+        let stored = headers(&[
+            ("cache-control", "max-age=1"),
+            ("x-a", "1"),
+            ("content-type", "text/plain"),
+        ]);
+        let update = headers(&[("cache-control", "max-age=60"), ("content-length", "0")]);
+        let merged = merge_not_modified(&stored, &update);
+        assert_eq!(merged.get("cache-control").expect("cc"), "max-age=60");
+        assert_eq!(merged.get("x-a").expect("kept"), "1");
+        assert!(merged.get("content-length").is_none());
+    }
+}
