@@ -22,6 +22,7 @@ pub struct CacheControl {
     pub must_revalidate: bool,
     pub proxy_revalidate: bool,
     pub only_if_cached: bool,
+    pub must_understand: bool,
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     /// `max-stale` without a value is `Some(u64::MAX)`.
@@ -39,10 +40,12 @@ impl CacheControl {
             let Ok(line) = line.to_str() else { continue };
             for directive in split_list(line) {
                 let (name, arg) = match directive.split_once('=') {
+                    // `max-age = 5` is not a directive of this grammar: ignored.
+                    Some((n, a)) if n.ends_with(' ') || a.starts_with(' ') => continue,
                     Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
                     None => (directive.trim(), None),
                 };
-                let seconds = || arg.and_then(parse_delta);
+                let seconds = || arg.and_then(parse_seconds);
                 match name.to_ascii_lowercase().as_str() {
                     "no-store" => cc.no_store = true,
                     "no-cache" => cc.no_cache = true,
@@ -51,20 +54,12 @@ impl CacheControl {
                     "must-revalidate" => cc.must_revalidate = true,
                     "proxy-revalidate" => cc.proxy_revalidate = true,
                     "only-if-cached" => cc.only_if_cached = true,
+                    "must-understand" => cc.must_understand = true,
                     "no-transform" => cc.no_transform = true,
-                    // A duplicate or invalid max-age counts as stale (§4.2.1).
-                    "max-age" => {
-                        cc.max_age = Some(match (cc.max_age, seconds()) {
-                            (None, Some(s)) => s,
-                            _ => 0,
-                        })
-                    }
-                    "s-maxage" => {
-                        cc.s_maxage = Some(match (cc.s_maxage, seconds()) {
-                            (None, Some(s)) => s,
-                            _ => 0,
-                        })
-                    }
+                    // The first of duplicate directives is used (§4.2.1);
+                    // one whose argument is not a number is ignored.
+                    "max-age" => cc.max_age = cc.max_age.or_else(seconds),
+                    "s-maxage" => cc.s_maxage = cc.s_maxage.or_else(seconds),
                     "max-stale" => cc.max_stale = Some(seconds().unwrap_or(u64::MAX)),
                     "min-fresh" => cc.min_fresh = Some(seconds().unwrap_or(0)),
                     _ => {}
@@ -72,6 +67,18 @@ impl CacheControl {
             }
         }
         cc
+    }
+}
+
+/// A directive's seconds: delta-seconds, or its integer part when written
+/// with a fraction (`3600.0`).
+fn parse_seconds(s: &str) -> Option<u64> {
+    match s.split_once('.') {
+        Some((whole, fraction)) if fraction.bytes().all(|b| b.is_ascii_digit()) => {
+            parse_delta(whole)
+        }
+        Some(_) => None,
+        None => parse_delta(s),
     }
 }
 
@@ -110,11 +117,17 @@ pub fn heuristically_cacheable(status: StatusCode) -> bool {
     )
 }
 
-/// Status codes the proxy stores: final, understood, and not partial.
+/// Status codes the proxy stores: final, and neither partial content
+/// (ranges are not implemented) nor a 304.
 fn understood(status: StatusCode) -> bool {
+    status.as_u16() >= 200 && !matches!(status.as_u16(), 206 | 304)
+}
+
+/// Status codes RFC 9110 defines (§15), for `must-understand` (RFC 9111 §5.2.2.3).
+fn defined(status: StatusCode) -> bool {
     matches!(
         status.as_u16(),
-        200 | 203 | 204 | 300 | 301 | 302 | 303 | 307 | 308 | 404 | 405 | 410 | 414 | 501
+        200..=206 | 300..=305 | 307 | 308 | 400..=417 | 421 | 422 | 426 | 500..=505
     )
 }
 
@@ -127,9 +140,12 @@ pub fn unstorable(
     headers: &HeaderMap,
     credentials: bool,
 ) -> Option<&'static str> {
-    let cc = CacheControl::parse(headers);
+    let cc = response_cache_control(headers);
     if !understood(status) {
         return Some("status");
+    }
+    if cc.must_understand && !defined(status) {
+        return Some("must-understand");
     }
     if request.no_store {
         return Some("request no-store");
@@ -159,6 +175,9 @@ pub fn unstorable(
     None
 }
 
+/// The age given to a response whose `Age` is invalid: older than any lifetime.
+const INVALID_AGE: u64 = u64::MAX / 4;
+
 /// The timing facts of a stored response, for its age (RFC 9111 §4.2.3).
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
@@ -179,10 +198,66 @@ impl Timing {
 }
 
 fn date_header(headers: &HeaderMap, name: HeaderName) -> Option<SystemTime> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| httpdate::parse_http_date(s.trim()).ok())
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?.to_str().ok()?;
+    parse_date(first)
+}
+
+/// Parses an HTTP date leniently, as deployed caches do: IMF-fixdate,
+/// RFC 850 and asctime forms, with any case, a wrong or missing weekday,
+/// extra spaces, dashes, a zone other than GMT (read as GMT), two-digit
+/// years (RFC 9110 §5.6.7) and one-digit hours.
+pub fn parse_date(text: &str) -> Option<SystemTime> {
+    if let Ok(t) = httpdate::parse_http_date(text.trim()) {
+        return Some(t);
+    }
+    const MONTHS: [&str; 12] = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    let (mut day, mut month, mut year, mut time) = (None, None, None, None);
+    for token in text
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '-')
+        .filter(|t| !t.is_empty())
+    {
+        let lower = token.to_ascii_lowercase();
+        if token.contains(':') || (token.contains('.') && token.len() >= 5) {
+            let parts: Vec<u64> = token
+                .split([':', '.'])
+                .map(|p| p.parse().ok())
+                .collect::<Option<_>>()?;
+            if parts.len() != 3 || parts[0] > 23 || parts[1] > 59 || parts[2] > 60 {
+                return None;
+            }
+            time = Some(parts[0] * 3600 + parts[1] * 60 + parts[2]);
+        } else if token.bytes().all(|b| b.is_ascii_digit()) {
+            let n: u64 = token.parse().ok()?;
+            match (token.len(), day) {
+                (1 | 2, None) => day = Some(n),
+                (2, Some(_)) => year = Some(n + if n < 70 { 2000 } else { 1900 }),
+                (4, _) => year = Some(n),
+                _ => return None,
+            }
+        } else if let Some(m) = MONTHS.iter().position(|m| lower == *m) {
+            month = Some(m as u64 + 1);
+        }
+    }
+    let (day, month, year, time) = (day?, month?, year?, time?);
+    if !(1..=31).contains(&day) || year < 1970 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(days * 86_400 + time))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (year >= 1970).
+fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 fn secs(d: Duration) -> u64 {
@@ -190,12 +265,18 @@ fn secs(d: Duration) -> u64 {
 }
 
 /// The current age of a stored response, in seconds (RFC 9111 §4.2.3).
+/// An `Age` that is not one line of delta-seconds makes the response
+/// stale (RFC 9111 §5.1).
 pub fn current_age(headers: &HeaderMap, timing: Timing, now: SystemTime) -> u64 {
-    let age_value = headers
-        .get(header::AGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| parse_delta(s.trim()))
-        .unwrap_or(0);
+    let mut lines = headers.get_all(header::AGE).iter();
+    let age_value = match (lines.next(), lines.next()) {
+        (None, _) => 0,
+        (Some(v), None) => match v.to_str().ok().and_then(|s| parse_delta(s.trim())) {
+            Some(age) => age,
+            None => return INVALID_AGE,
+        },
+        (Some(_), Some(_)) => return INVALID_AGE,
+    };
     let date = date_header(headers, header::DATE).unwrap_or(timing.response_time);
     let apparent = timing
         .response_time
@@ -218,7 +299,7 @@ pub fn current_age(headers: &HeaderMap, timing: Timing, now: SystemTime) -> u64 
 /// The freshness lifetime of a response for a shared cache, in seconds
 /// (RFC 9111 §4.2.1), with the heuristic of §4.2.2 where none is given.
 pub fn freshness_lifetime(status: StatusCode, headers: &HeaderMap, timing: Timing) -> u64 {
-    let cc = CacheControl::parse(headers);
+    let cc = response_cache_control(headers);
     if let Some(s) = cc.s_maxage {
         return s;
     }
@@ -260,7 +341,7 @@ pub fn reuse(
     request: &CacheControl,
     now: SystemTime,
 ) -> Reuse {
-    let cc = CacheControl::parse(headers);
+    let cc = response_cache_control(headers);
     if cc.no_cache || request.no_cache {
         return Reuse::Revalidate;
     }
@@ -288,18 +369,63 @@ pub fn reuse(
     }
 }
 
-/// A request's `Cache-Control`, with `Pragma: no-cache` read as `no-cache`
-/// when the request has no `Cache-Control` (RFC 9111 §5.4).
+/// A request's `Cache-Control`. `Pragma` is deprecated (RFC 9111 §5.4)
+/// and not read.
 pub fn request_cache_control(headers: &HeaderMap) -> CacheControl {
+    CacheControl::parse(headers)
+}
+
+/// The device token this proxy answers to in `Surrogate-Control` targets,
+/// and advertises in `Surrogate-Capability` (W3C Edge Architecture 1.0).
+pub const SURROGATE_TARGET: &str = "braid-proxy";
+
+/// The `Surrogate-Capability` value sent upstream.
+pub const SURROGATE_CAPABILITY: &str = "braid-proxy=\"Surrogate/1.0\"";
+
+/// A response's caching directives for this proxy: its `Cache-Control`,
+/// where `Surrogate-Control` directives meant for this proxy (untargeted,
+/// or targeted at [`SURROGATE_TARGET`]) replace the lifetime and storage
+/// ones: a reverse proxy is the surrogate the origin addresses.
+pub fn response_cache_control(headers: &HeaderMap) -> CacheControl {
     let mut cc = CacheControl::parse(headers);
-    if !headers.contains_key(header::CACHE_CONTROL)
-        && headers
-            .get_all(header::PRAGMA)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .any(|v| v.to_ascii_lowercase().contains("no-cache"))
-    {
-        cc.no_cache = true;
+    let (mut max_age, mut no_store, mut seen) = (None, false, false);
+    for line in headers.get_all("surrogate-control") {
+        let Ok(line) = line.to_str() else { continue };
+        for directive in split_list(line) {
+            let (directive, target) = match directive.split_once(';') {
+                Some((d, t)) => (d.trim(), Some(t.trim())),
+                None => (directive, None),
+            };
+            if target.is_some_and(|t| t != SURROGATE_TARGET) {
+                continue;
+            }
+            let (name, arg) = match directive.split_once('=') {
+                Some((n, a)) if n.ends_with(' ') || a.starts_with(' ') => continue,
+                Some((n, a)) => (n, Some(a.trim_matches('"'))),
+                None => (directive, None),
+            };
+            match name.to_ascii_lowercase().as_str() {
+                "max-age" => {
+                    if let Some(secs) = arg.and_then(parse_seconds) {
+                        max_age = max_age.or(Some(secs));
+                        seen = true;
+                    }
+                }
+                "no-store" => {
+                    no_store = true;
+                    seen = true;
+                }
+                _ => {}
+            }
+        }
+    }
+    if seen {
+        cc.no_store = no_store;
+        cc.max_age = max_age;
+        cc.s_maxage = None;
+        cc.no_cache = false;
+        cc.must_revalidate = false;
+        cc.proxy_revalidate = false;
     }
     cc
 }
@@ -429,23 +555,6 @@ pub fn not_modified_since(last_modified: Option<&HeaderValue>, if_modified_since
     lm <= since
 }
 
-/// Headers a cache never stores or replays: hop-by-hop and framing.
-pub fn is_unstored(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "content-length"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authentication-info"
-    )
-}
-
 /// The end-to-end headers of a response, as a cache stores them.
 pub fn stored_headers(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
@@ -460,7 +569,11 @@ pub fn merge_not_modified(stored: &HeaderMap, update: &HeaderMap) -> HeaderMap {
     let mut out = stored.clone();
     let fresh = stored_headers(update);
     for name in fresh.keys() {
-        if matches!(name.as_str(), "content-encoding" | "content-type") {
+        // Fields the stored body depends on stay as stored (RFC 9111 §3.2).
+        if matches!(
+            name.as_str(),
+            "content-encoding" | "content-range" | "content-md5" | "etag"
+        ) {
             continue;
         }
         out.remove(name);
@@ -505,10 +618,65 @@ mod tests {
         ]));
         assert!(cc.public && cc.no_cache);
         assert_eq!((cc.max_age, cc.s_maxage), (Some(60), Some(5)));
+        // The first of duplicates; a bad argument or spaced `=` is ignored.
         let dup = CacheControl::parse(&headers(&[("cache-control", "max-age=60, max-age=10")]));
-        assert_eq!(dup.max_age, Some(0));
+        assert_eq!(dup.max_age, Some(60));
         let bad = CacheControl::parse(&headers(&[("cache-control", "max-age=abc")]));
-        assert_eq!(bad.max_age, Some(0));
+        assert_eq!(bad.max_age, None);
+        let spaced = CacheControl::parse(&headers(&[("cache-control", "max-age = 60")]));
+        assert_eq!(spaced.max_age, None);
+        let decimal = CacheControl::parse(&headers(&[("cache-control", "max-age=60.0")]));
+        assert_eq!(decimal.max_age, Some(60));
+    }
+
+    #[test]
+    fn surrogate_control_addressed_to_us_wins() {
+        let h = headers(&[
+            ("cache-control", "no-store"),
+            ("surrogate-control", "max-age=30"),
+        ]);
+        let cc = response_cache_control(&h);
+        assert!(!cc.no_store);
+        assert_eq!(cc.max_age, Some(30));
+        let other = headers(&[("surrogate-control", "max-age=30;somebody-else")]);
+        assert_eq!(response_cache_control(&other).max_age, None);
+        let ours = headers(&[("surrogate-control", "no-store;braid-proxy")]);
+        assert!(response_cache_control(&ours).no_store);
+    }
+
+    #[test]
+    fn invalid_age_is_stale() {
+        let t = Timing::now();
+        let now = SystemTime::now();
+        assert!(current_age(&headers(&[("age", "10")]), t, now) >= 10);
+        for bad in ["abc", "-1", "1.5", "0, 0", "7;x=1"] {
+            assert_eq!(
+                current_age(&headers(&[("age", bad)]), t, now),
+                INVALID_AGE,
+                "{bad}"
+            );
+        }
+        let two = headers(&[("age", "0"), ("age", "0")]);
+        assert_eq!(current_age(&two, t, now), INVALID_AGE);
+    }
+
+    #[test]
+    fn dates_parse_leniently() {
+        let want = httpdate::parse_http_date("Thu, 18 Aug 2050 02:01:18 GMT").expect("date");
+        for text in [
+            "Thu, 18 Aug 2050 02:01:18 GMT",
+            "THU, 18 AUG 2050 02:01:18 gmt",
+            "Thursday, 18-Aug-50 02:01:18 GMT",
+            "Thu 18 Aug 2050 02:01:18 UTC",
+            "Thu, 18  Aug  2050 2:01:18 GMT",
+            "Thu, 18 Aug 2050 02.01.18 GMT",
+            "Mon, 18 Aug 2050 02:01:18 GMT",
+        ] {
+            assert_eq!(parse_date(text), Some(want), "{text}");
+        }
+        assert!(parse_date("Thu Aug 18 02:01:18 2050").is_some());
+        assert_eq!(parse_date("0"), None);
+        assert_eq!(parse_date("next tuesday"), None);
     }
 
     #[test]

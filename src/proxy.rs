@@ -296,6 +296,10 @@ fn forwarded_headers(
     headers.remove(header::HOST);
     append_via(&mut headers, version, &config.proxy_id);
     forwarded_for(&mut headers, conn, host);
+    headers.append(
+        "surrogate-capability",
+        HeaderValue::from_static(crate::cache::SURROGATE_CAPABILITY),
+    );
     headers
 }
 

@@ -287,7 +287,9 @@ impl Router {
         let key = inner.registry.key_for(&key_of(&req), h, &host);
         let resource = inner.registry.get(&key);
         if let Some(resource) = &resource {
-            if let Some(response) = self.answer_from_state(&req, &braid, resource, &request_cc) {
+            if let Some(response) =
+                self.answer_from_state(&req, &braid, resource, &request_cc, false)
+            {
                 return Ok(response);
             }
         }
@@ -312,7 +314,7 @@ impl Router {
                 // Another request fetched while this one waited: its answer may do.
                 if resource.validation().generation != arrived {
                     if let Some(response) =
-                        self.answer_from_state(&req, &braid, resource, &request_cc)
+                        self.answer_from_state(&req, &braid, resource, &request_cc, true)
                     {
                         return Ok(response);
                     }
@@ -331,6 +333,7 @@ impl Router {
         braid: &BraidRequest,
         resource: &Resource,
         request_cc: &cache::CacheControl,
+        validated_since_arrival: bool,
     ) -> Option<Response<Body>> {
         let stored = resource.stored().filter(|s| !s.invalid)?;
         let head = resource.head();
@@ -348,6 +351,10 @@ impl Router {
                 return None;
             }
             CacheOutcome::Live
+        } else if validated_since_arrival {
+            // The origin answered while this request waited for that fetch:
+            // its answer is as current as one this request would get.
+            CacheOutcome::Revalidated
         } else {
             let now = std::time::SystemTime::now();
             match cache::reuse(

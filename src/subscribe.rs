@@ -316,7 +316,7 @@ pub enum CacheOutcome {
 /// A plain GET or HEAD answered from stored state: the origin's status and
 /// end-to-end headers, with `Age`, the Braid headers (`Version`,
 /// `Current-Version`, `Repr-Digest`) when the body is the resource's head,
-/// `Vary` extended by the Braid request headers, and `Cache-Status`. 304
+/// and `Cache-Status`; the origin's `Vary` is kept as it is. 304
 /// when the client's own `If-None-Match` (weak comparison) or
 /// `If-Modified-Since` matches.
 pub fn serve_stored<B>(
@@ -349,7 +349,11 @@ pub fn serve_stored<B>(
                 .get(header::IF_MODIFIED_SINCE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|ims| {
-                    cache::not_modified_since(headers.get(header::LAST_MODIFIED), ims)
+                    // Without Last-Modified, the Date of the stored answer.
+                    let modified = headers
+                        .get(header::LAST_MODIFIED)
+                        .or_else(|| headers.get(header::DATE));
+                    cache::not_modified_since(modified, ims)
                 }),
         };
     let age = cache::current_age(&stored.headers, stored.timing, std::time::SystemTime::now());
@@ -366,10 +370,6 @@ pub fn serve_stored<B>(
             }
         }
     }
-    headers.append(
-        header::VARY,
-        HeaderValue::from_static("Version, Parents, Subscribe"),
-    );
     let status = match outcome {
         CacheOutcome::Hit { ttl } => format!("hit; ttl={ttl}"),
         CacheOutcome::Revalidated => "fwd=stale; fwd-status=304".to_string(),

@@ -1,26 +1,21 @@
 //! Runs the Node.js conformance suite (`conformance-tests/`) against the
 //! freshly built `braid-proxy` binary, using the real `braid-http` 1.3.80
-//! client. Requires Node.js >= 20 and `npm ci --prefix conformance-tests`.
+//! client. Requires Node.js >= 20 with npm; runs `npm ci` in
+//! `conformance-tests` itself when the packages are missing or stale.
+
+#[path = "common/npm.rs"]
+mod npm;
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 
 #[test]
 fn node_conformance_suite() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("conformance-tests");
+    let dir = npm::ensure_node_packages();
     let bin = env!("CARGO_BIN_EXE_braid-proxy");
-
-    if !dir.join("node_modules").join("braid-http").is_dir() {
-        panic!(
-            "conformance-tests/node_modules/braid-http is missing: run `npm ci --prefix conformance-tests` \
-             (from {}) before `cargo test`",
-            env!("CARGO_MANIFEST_DIR")
-        );
-    }
 
     // Own process group, so that on timeout npm, node and every proxy it
     // started can be killed together.
@@ -40,23 +35,7 @@ fn node_conformance_suite() {
             )
         });
 
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() > TIMEOUT => {
-                let pgid = format!("-{}", child.id());
-                let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "the Node.js conformance suite did not finish within {TIMEOUT:?}; killed it"
-                );
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(200)),
-            Err(e) => panic!("waiting for `npm test`: {e}"),
-        }
-    };
+    let status = npm::wait_or_kill(&mut child, TIMEOUT, "the Node.js conformance suite");
     assert!(
         status.success(),
         "the Node.js conformance suite failed: {status}"
