@@ -17,6 +17,7 @@ use crate::proxy::{self, ConnInfo, UpstreamClient};
 use crate::resource::{History, Registry, Resource, Tuning};
 use crate::subscribe::{self, BraidRequest, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
+use crate::writes::{self, Writes};
 
 /// The proxy's shared state, a cheap clonable handle.
 #[derive(Clone)]
@@ -33,6 +34,7 @@ struct Inner {
     watchers: Arc<Watchers>,
     subscriptions: Subscriptions,
     cors: Cors,
+    writes: Writes,
 }
 
 impl Router {
@@ -74,6 +76,7 @@ impl Router {
             closing: closing_rx,
         };
         let cors = Cors::new(config.cors_origins.clone());
+        let writes = Writes::new(watchers.clone(), &config);
         let inner = Inner {
             config,
             client,
@@ -83,6 +86,7 @@ impl Router {
             watchers,
             subscriptions,
             cors,
+            writes,
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -175,17 +179,41 @@ impl Router {
             Method::GET | Method::HEAD if braid.peer_specific => self.pass_through(req).await,
             Method::GET if braid.subscribe => self.subscribe(req, braid).await,
             Method::GET | Method::HEAD if shareable(&req) => self.get(req, braid).await,
+            _ if writes::carries_patches(&req) => self.patch_write(req, braid).await,
             Method::PUT | Method::POST | Method::PATCH | Method::DELETE => {
-                let key = key_of(&req);
-                let response = self.pass_through(req).await?;
-                if response.status().is_success() {
-                    // Write-through: revalidate now, so subscribers see the write at once.
-                    self.refresh(&key);
-                }
-                Ok(response)
+                self.write_through(req).await
             }
             _ => self.pass_through(req).await,
         }
+    }
+
+    /// A write passed to the upstream as it is; a 2xx revalidates the resource.
+    async fn write_through(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+        let key = key_of(&req);
+        let response = self.pass_through(req).await?;
+        if response.status().is_success() {
+            // Write-through: revalidate now, so subscribers see the write at once.
+            self.refresh(&key);
+        }
+        Ok(response)
+    }
+
+    /// A write carrying Braid patches: as it is to a Braid upstream, else
+    /// applied by the proxy (see [`crate::writes`]).
+    async fn patch_write(
+        &self,
+        req: Request<Incoming>,
+        braid: BraidRequest,
+    ) -> Result<Response<Body>, Refusal> {
+        let (resource, _, ()) = self.resource(&req, |_| ())?;
+        if resource.braid_upstream() {
+            return self.write_through(req).await;
+        }
+        let inner = &self.inner;
+        inner
+            .writes
+            .apply(req, &braid, resource, &inner.config)
+            .await
     }
 
     async fn pass_through(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {

@@ -244,6 +244,7 @@ impl Watchers {
                 );
             }
             w.mode = Mode::Poll;
+            w.resource.set_braid_upstream(false);
             w.polled_since = Instant::now();
             return Followed::Polled;
         }
@@ -254,6 +255,7 @@ impl Watchers {
             );
         }
         w.mode = Mode::Braid;
+        w.resource.set_braid_upstream(true);
         if std::mem::replace(&mut w.subscribed_before, true) {
             Metrics::inc(&self.metrics.upstream_reconnects_total);
         }
@@ -622,7 +624,7 @@ impl Watchers {
     }
 
     /// Reads a body up to the limit, bounded in time by the response timeout.
-    async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
+    pub(crate) async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
         let limited = http_body_util::Limited::new(body, self.max_body_bytes);
         match tokio::time::timeout(self.response_timeout, limited.collect()).await {
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
@@ -678,7 +680,7 @@ fn jitter(delay: Duration) -> Duration {
     delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0)
 }
 
-enum BodyFailure {
+pub(crate) enum BodyFailure {
     TooLarge,
     Broken(String),
 }

@@ -1,6 +1,9 @@
 //! Shared by the integration tests: a tiny HTTP/1 server on 127.0.0.1:0.
 
+#![allow(dead_code)] // each test binary uses its own part of this module
+
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -17,6 +20,18 @@ pub async fn serve<F>(answer: F) -> SocketAddr
 where
     F: Fn(Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
+    serve_async(move |req| std::future::ready(answer(req))).await
+}
+
+/// As [`serve`], for an answer that awaits (reads the request body, or
+/// streams its response).
+pub async fn serve_async<F, Fut, B>(answer: F) -> SocketAddr
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
     let addr = listener.local_addr().expect("addr");
     let answer = Arc::new(answer);
@@ -26,7 +41,7 @@ where
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
                     let answer = answer.clone();
-                    async move { Ok::<_, Infallible>(answer(req)) }
+                    async move { Ok::<_, Infallible>(answer(req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
