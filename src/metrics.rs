@@ -27,6 +27,8 @@ pub struct Metrics {
     pub upstream_updates_total: AtomicU64,
     pub upstream_reconnects_total: AtomicU64,
     pub upstream_resyncs_total: AtomicU64,
+    pub patch_writes_total: AtomicU64,
+    pub patch_conflicts_total: AtomicU64,
 }
 
 impl Metrics {
@@ -46,11 +48,21 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 15] = [
+        let counters: [(&str, &AtomicU64, &str); 17] = [
             (
                 "requests_total",
                 &self.requests_total,
                 "Client requests received.",
+            ),
+            (
+                "patch_writes_total",
+                &self.patch_writes_total,
+                "Braid patch writes the proxy applied and wrote to a plain origin.",
+            ),
+            (
+                "patch_conflicts_total",
+                &self.patch_conflicts_total,
+                "Braid patch writes answered 409 (stale Parents or origin 412).",
             ),
             (
                 "upstream_requests_total",

@@ -22,6 +22,7 @@ use crate::body::{self, Body};
 use crate::braid::{self, DecodeError, DecodeLimits, Patch, PatchError, RangeUnit, VersionList};
 use crate::config::Config;
 use crate::error::Refusal;
+use crate::metrics::Metrics;
 use crate::proxy;
 use crate::resource::{self, Change, Head, Resource, State};
 use crate::subscribe::BraidRequest;
@@ -140,7 +141,16 @@ impl Writes {
             via,
             config,
         };
-        write.run(parts, braid, &parents, patches).await
+        let result = write.run(parts, braid, &parents, patches).await;
+        let metrics = &self.watchers.metrics;
+        match &result {
+            Ok(response) if response.status().is_success() => {
+                Metrics::inc(&metrics.patch_writes_total)
+            }
+            Err(Refusal::Conflict { .. }) => Metrics::inc(&metrics.patch_conflicts_total),
+            _ => {}
+        }
+        result
     }
 
     /// The lock of one resource's patch writes; entries no request holds are dropped.
@@ -321,9 +331,15 @@ impl Write<'_> {
             let given = parts.headers.get(header::CONTENT_TYPE)?;
             given.to_str().ok().map(str::to_string)
         });
-        let response = self
-            .put(parts, new.clone(), content_type.as_deref(), precondition)
-            .await?;
+        let put = self.put(parts, new.clone(), content_type.as_deref(), precondition);
+        let response = match put.await {
+            Ok(response) => response,
+            Err(e) => {
+                // The write may or may not have landed: look again.
+                self.resource.refresh();
+                return Err(e);
+            }
+        };
         let status = response.status();
         if status == StatusCode::PRECONDITION_FAILED {
             let now = self.current().await?;

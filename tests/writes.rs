@@ -17,8 +17,7 @@ mod support {
     use std::time::{Duration, SystemTime};
 
     use braid_proxy::braid::{self, DecodeLimits, Decoder, Update, VersionList};
-    use braid_proxy::config::{Config, Upstream};
-    use braid_proxy::server::Server;
+    use braid_proxy::config::Config;
     use bytes::Bytes;
     use http::{HeaderMap, Method, Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full};
@@ -211,20 +210,12 @@ mod support {
     }
 
     pub async fn proxy(origin: SocketAddr, tune: impl FnOnce(&mut Config)) -> Proxy {
-        let mut config = Config {
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
-            upstream: Some(Upstream::parse(&format!("http://{origin}")).expect("upstream")),
-            poll_interval: Duration::from_secs(30),
-            heartbeat: Duration::ZERO,
-            proxy_id: "writes-test".into(),
-            ..Config::default()
-        };
-        tune(&mut config);
-        let server = Server::bind(config).await.expect("bind proxy");
-        let addr = server.local_addr().expect("addr");
-        let admin = server.admin_addr().expect("admin addr");
-        tokio::spawn(server.run(std::future::pending()));
+        let (addr, admin) = crate::common::proxy_for(origin, |config| {
+            config.heartbeat = Duration::ZERO;
+            config.proxy_id = "writes-test".into();
+            tune(config);
+        })
+        .await;
         Proxy { addr, admin }
     }
 
@@ -642,7 +633,15 @@ async fn concurrent_writers_on_one_parent_get_one_success() {
     assert_eq!(origin.accepted.lock().expect("lock").len(), 1);
     sub.until(&expected).await;
     assert_eq!(sub.version, version(&format!("w{}", won[0])));
+    let metrics = send(p.admin, "GET", "/metrics", &[], "").await.text();
+    for (name, want) in [("patch_writes_total", 1), ("patch_conflicts_total", 5)] {
+        let line = format!("braid_proxy_{name} {want}");
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }
+
+/// What is wrong, the request headers, the body, the status expected.
+type BadCase = (&'static str, Vec<(&'static str, String)>, String, u16);
 
 #[tokio::test]
 async fn bad_patches_are_refused_without_touching_the_origin() {
@@ -650,7 +649,7 @@ async fn bad_patches_are_refused_without_touching_the_origin() {
     origin.set("/doc", "hello");
     let p = proxy(origin.start().await, |c| c.max_body_bytes = 1000).await;
     let big = "x".repeat(1001);
-    let cases: Vec<(&str, Vec<(&str, String)>, String, u16)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             "range past the end",
             vec![("content-range", "text [3:9]".into())],

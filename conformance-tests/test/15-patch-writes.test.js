@@ -29,6 +29,14 @@ const ctx = useProxy({
 
 const puts = (path) => ctx.origin.requests.filter((r) => r.method === 'PUT' && r.path === path)
 
+/** A braid-http subscriber at the origin's current version, closed after the test. */
+async function subscribed(subs, path) {
+  const client = await subscribe(ctx.proxy.url + path)
+  subs.push(client)
+  await client.waitForVersion(ctx.origin.version(path))
+  return client
+}
+
 async function put(path, { version, parents, patches }) {
   const res = await braidFetch(ctx.proxy.url + path, { method: 'PUT', version, parents, patches })
   const text = await res.text()
@@ -40,9 +48,7 @@ test('braid-http PUT with one patch: the origin gets the whole body, a second su
   const path = '/one.txt'
   await withSubs(async (subs) => {
     const v1 = origin.version(path)
-    const client = await subscribe(proxy.url + path)
-    subs.push(client)
-    await client.waitForVersion(v1)
+    const client = await subscribed(subs, path)
     const raw = rawSubscribe({ port: proxy.port, path })
     subs.push(raw)
     await raw.waitForVersion(v1)
@@ -75,13 +81,11 @@ test('braid-http PUT with one patch: the origin gets the whole body, a second su
 })
 
 test('braid-http PUT with several patches (Patches: N) in code points', async () => {
-  const { origin, proxy } = ctx
+  const { origin } = ctx
   const path = '/many.txt'
   await withSubs(async (subs) => {
     const v1 = origin.version(path)
-    const client = await subscribe(proxy.url + path)
-    subs.push(client)
-    await client.waitForVersion(v1)
+    const client = await subscribed(subs, path)
     const text = origin.text(path)
     const wave = codePoints(text.slice(0, text.indexOf('👋')))
     const patches = [
@@ -100,15 +104,12 @@ test('braid-http PUT with several patches (Patches: N) in code points', async ()
 })
 
 test('concurrent writers on one parent: one wins, the rest get 409, subscribers end at the origin body', async () => {
-  const { origin, proxy } = ctx
+  const { origin } = ctx
   const path = '/race.txt'
   await withSubs(async (subs) => {
     const v1 = origin.version(path)
-    const a = await subscribe(proxy.url + path)
-    const b = await subscribe(proxy.url + path)
-    subs.push(a, b)
-    await a.waitForVersion(v1)
-    await b.waitForVersion(v1)
+    const a = await subscribed(subs, path)
+    const b = await subscribed(subs, path)
     const writers = [0, 1, 2, 3, 4].map((i) =>
       put(path, { version: [`r${i}`], parents: [v1], patches: [{ unit: 'text', range: '[4:4]', content: ` ${i}` }] }),
     )

@@ -6,7 +6,10 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use braid_proxy::config::{Config, Upstream};
+use braid_proxy::server::Server;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -50,4 +53,26 @@ where
         }
     });
     addr
+}
+
+/// Starts a proxy in front of `origin` on 127.0.0.1:0, polling only every
+/// 30 s (changes arrive by refresh, write-through or the proxy's own
+/// writes); `tune` adjusts the configuration. Returns (listener, admin).
+pub async fn proxy_for(
+    origin: SocketAddr,
+    tune: impl FnOnce(&mut Config),
+) -> (SocketAddr, SocketAddr) {
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        upstream: Some(Upstream::parse(&format!("http://{origin}")).expect("upstream")),
+        poll_interval: Duration::from_secs(30),
+        ..Config::default()
+    };
+    tune(&mut config);
+    let server = Server::bind(config).await.expect("bind proxy");
+    let addr = server.local_addr().expect("addr");
+    let admin = server.admin_addr().expect("admin addr");
+    tokio::spawn(server.run(std::future::pending()));
+    (addr, admin)
 }
