@@ -41,6 +41,27 @@ pub enum Refusal {
     VersionUnavailable(String),
     #[error("method not allowed")]
     MethodNotAllowed(&'static str),
+    /// A patch write that would lose an update: its `Parents` are not the
+    /// current version, or the origin answered 412. `current` is the
+    /// `Current-Version` header value (empty when unknown).
+    #[error("{reason}")]
+    Conflict { reason: String, current: String },
+    /// A patch the proxy cannot read: framing, `Patches` count, unit, range syntax.
+    #[error("{0}")]
+    BadPatch(String),
+    /// A patch range past the end of the current document.
+    #[error("{0}")]
+    RangeNotSatisfiable(String),
+    /// A request body (or the document it would make) over `--max-body-bytes`.
+    #[error("{0}")]
+    ContentTooLarge(String),
+    /// A patch write the proxy cannot make safely (no `Parents`, or an
+    /// origin without validators).
+    #[error("{0}")]
+    PreconditionRequired(String),
+    /// A patch in a media type the proxy does not apply.
+    #[error("{0}")]
+    UnsupportedPatchType(String),
 }
 
 impl Refusal {
@@ -57,6 +78,12 @@ impl Refusal {
             Refusal::NotFound | Refusal::NoMultiplexing | Refusal::VersionUnavailable(_) => {
                 StatusCode::NOT_FOUND
             }
+            Refusal::Conflict { .. } => StatusCode::CONFLICT,
+            Refusal::BadPatch(_) => StatusCode::BAD_REQUEST,
+            Refusal::RangeNotSatisfiable(_) => StatusCode::RANGE_NOT_SATISFIABLE,
+            Refusal::ContentTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::PreconditionRequired(_) => StatusCode::PRECONDITION_REQUIRED,
+            Refusal::UnsupportedPatchType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -86,6 +113,11 @@ impl Refusal {
             }
             Refusal::MethodNotAllowed(allow) => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            Refusal::Conflict { current, .. } if !current.is_empty() => {
+                if let Ok(v) = HeaderValue::from_str(&current) {
+                    headers.insert("current-version", v);
+                }
             }
             _ => {}
         }

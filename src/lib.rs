@@ -9,6 +9,7 @@
 //! - [`proxy`]: pass-through proxying to the one configured upstream.
 //! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
 //! - [`diff`]: old body + new body → patches.
+//! - [`writes`]: Braid patch writes applied onto plain origins under `If-Match`.
 //! - [`admin`]: metrics, health, and the refresh hook.
 //! - [`demo`]: the embedded demo origin.
 //! - [`error`]: every refusal mapped to a status and a one-line reason.
@@ -32,3 +33,4 @@ pub mod router;
 pub mod server;
 pub mod subscribe;
 pub mod upstream;
+pub mod writes;

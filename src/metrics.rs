@@ -33,6 +33,8 @@ pub struct Metrics {
     pub cache_misses_total: AtomicU64,
     pub cache_revalidated_total: AtomicU64,
     pub cache_not_stored_total: AtomicU64,
+    pub patch_writes_total: AtomicU64,
+    pub patch_conflicts_total: AtomicU64,
 }
 
 impl Metrics {
@@ -52,7 +54,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 20] = [
+        let counters: [(&str, &AtomicU64, &str); 22] = [
             (
                 "state_evictions_total",
                 &self.state_evictions_total,
@@ -82,6 +84,16 @@ impl Metrics {
                 "requests_total",
                 &self.requests_total,
                 "Client requests received.",
+            ),
+            (
+                "patch_writes_total",
+                &self.patch_writes_total,
+                "Braid patch writes the proxy applied and wrote to a plain origin.",
+            ),
+            (
+                "patch_conflicts_total",
+                &self.patch_conflicts_total,
+                "Braid patch writes answered 409 (stale Parents or origin 412).",
             ),
             (
                 "upstream_requests_total",

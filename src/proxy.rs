@@ -346,11 +346,15 @@ pub fn watcher_template<B>(req: &Request<B>, config: &Config) -> HeaderMap {
 
 /// Builds the upstream request for a client request: same method, path,
 /// query, end-to-end headers and (streamed) body, plus `Via` and `X-Forwarded-*`.
-pub fn upstream_request(
-    req: Request<Incoming>,
+pub fn upstream_request<B>(
+    req: Request<B>,
     client: &UpstreamClient,
     config: &Config,
-) -> Result<Request<Body>, Refusal> {
+) -> Result<Request<Body>, Refusal>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::body::BoxError>,
+{
     let host = request_host(&req);
     let (parts, incoming) = req.into_parts();
     let target = parts

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -240,8 +241,6 @@ pub struct Resource {
     /// Set when it was taken out of the registry (its first answer showed it
     /// is not shareable under its key): only its current subscribers use it.
     detached: std::sync::atomic::AtomicBool,
-    /// Set when the upstream answered a subscription with 209.
-    pub braid_upstream: std::sync::atomic::AtomicBool,
     /// Bytes counted for this resource in the registry's total.
     weight: std::sync::atomic::AtomicUsize,
     total: Arc<std::sync::atomic::AtomicUsize>,
@@ -251,6 +250,10 @@ pub struct Resource {
     /// Bumped after every revalidation attempt, successful or not.
     validated: watch::Sender<Validation>,
     last_used: Mutex<Instant>,
+    /// Held while a change is recorded: the watcher and patch writes both publish.
+    publishing: Mutex<()>,
+    /// Set by the watcher when the upstream answered `Subscribe` with 209.
+    braid_upstream: AtomicBool,
 }
 
 /// The outcome of the latest revalidation.
@@ -290,13 +293,14 @@ impl Resource {
             watching: false.into(),
             uncacheable: false.into(),
             detached: false.into(),
-            braid_upstream: false.into(),
             weight: weight.into(),
             total,
             window: Mutex::default(),
             wake: Notify::new(),
             validated: watch::channel(Validation::default()).0,
             last_used: Mutex::new(Instant::now()),
+            publishing: Mutex::new(()),
+            braid_upstream: AtomicBool::new(false),
         }
     }
 
@@ -411,6 +415,17 @@ impl Resource {
             .send_if_modified(|v| std::mem::replace(&mut v.live, live) != live);
     }
 
+    /// Records whether the upstream speaks Braid for this resource (it
+    /// answered `Subscribe` with 209), as the watcher last learned.
+    pub fn set_braid_upstream(&self, braid: bool) {
+        self.braid_upstream.store(braid, Ordering::Relaxed);
+    }
+
+    /// Whether the upstream is known to speak Braid for this resource.
+    pub fn braid_upstream(&self) -> bool {
+        self.braid_upstream.load(Ordering::Relaxed)
+    }
+
     /// The history position of a version, if it is the head or still in the window.
     pub fn seq_of(&self, version: &VersionList) -> Option<u64> {
         let head = self.head();
@@ -435,6 +450,35 @@ impl Resource {
         tuning: &Tuning,
         metrics: &Metrics,
     ) -> bool {
+        let _one = lock(&self.publishing);
+        self.publish_locked(change, false, history, tuning, metrics)
+    }
+
+    /// Records the result of a write made against `parents`, only if the
+    /// head is still that version; false (nothing recorded) otherwise. The
+    /// writer's patches are sent as they are, even when a snapshot would
+    /// be smaller: they say how the document changed.
+    pub fn publish_on(
+        &self,
+        parents: &VersionList,
+        change: Change,
+        history: &History,
+        tuning: &Tuning,
+        metrics: &Metrics,
+    ) -> bool {
+        let _one = lock(&self.publishing);
+        self.head().version == *parents
+            && self.publish_locked(change, true, history, tuning, metrics)
+    }
+
+    fn publish_locked(
+        &self,
+        change: Change,
+        as_sent: bool,
+        history: &History,
+        tuning: &Tuning,
+        metrics: &Metrics,
+    ) -> bool {
         let previous = self.head();
         let Change {
             state,
@@ -442,7 +486,14 @@ impl Resource {
             patches: upstream_patches,
         } = change;
         let (derived, digest) = version_of(&state);
-        let version = version.filter(|v| !v.is_empty()).unwrap_or(derived);
+        let named = version.filter(|v| !v.is_empty());
+        // A strong ETag names one representation (RFC 9110 §8.8.1): seen
+        // again, it is the version held, whatever id that was published
+        // under (a patch write keeps the writer's id).
+        if named.is_none() && previous.seq > 0 && same_strong(&previous.state, &state) {
+            return false;
+        }
+        let version = named.unwrap_or(derived);
         if previous.seq > 0 && previous.version == version {
             return false;
         }
@@ -453,7 +504,7 @@ impl Resource {
             (State::Present { .. }, State::Present { body: new, .. }, Some(patches))
                 if previous.seq > 0 =>
             {
-                within(&patches, budget(new.len())).then_some(patches)
+                (as_sent || within(&patches, budget(new.len()))).then_some(patches)
             }
             (
                 State::Present {
@@ -609,6 +660,35 @@ fn within(patches: &[Patch], budget: usize) -> bool {
 /// (framing, `Content-Type` and `Repr-Digest` included).
 fn snapshot_wire_len(body_len: usize) -> usize {
     body_len + 128
+}
+
+/// Whether two states are one representation under one strong ETag.
+fn same_strong(a: &State, b: &State) -> bool {
+    match (a, b) {
+        (
+            State::Present {
+                body: a_body,
+                content_type: a_type,
+                etag: Some(a_tag),
+            },
+            State::Present {
+                body: b_body,
+                content_type: b_type,
+                etag: Some(b_tag),
+            },
+        ) => {
+            strong_etag(a_tag).is_some_and(|a| Some(a) == strong_etag(b_tag))
+                && a_body == b_body
+                && a_type == b_type
+        }
+        _ => false,
+    }
+}
+
+/// The version the proxy derives for a state it is not told the version
+/// of: the strong ETag, else a hash of the content.
+pub fn derived_version(state: &State) -> VersionList {
+    version_of(state).0
 }
 
 /// The version and digest of a state: the strong ETag when the origin gave

@@ -15,9 +15,10 @@ use crate::config::Config;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy::{self, ConnInfo, UpstreamClient};
-use crate::resource::{History, Key, Registry, RegistryLimits, Resource, Tuning};
+use crate::resource::{History, Key, Registry, RegistryLimits, Resource, State, Tuning};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
+use crate::writes::{self, Writes};
 
 /// The proxy's shared state, a cheap clonable handle.
 #[derive(Clone)]
@@ -34,6 +35,7 @@ struct Inner {
     watchers: Arc<Watchers>,
     subscriptions: Subscriptions,
     cors: Cors,
+    writes: Writes,
 }
 
 impl Router {
@@ -81,6 +83,7 @@ impl Router {
             closing: closing_rx,
         };
         let cors = Cors::new(config.cors_origins.clone());
+        let writes = Writes::new(watchers.clone(), &config);
         let inner = Inner {
             config,
             client,
@@ -90,6 +93,7 @@ impl Router {
             watchers,
             subscriptions,
             cors,
+            writes,
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -194,8 +198,44 @@ impl Router {
             Method::GET if braid.subscribe => self.subscribe(req, braid).await,
             Method::GET | Method::HEAD => self.get(req, braid).await,
             Method::OPTIONS | Method::TRACE => self.pass_through(req).await,
+            _ if writes::carries_patches(&req) => self.patch_write(req, braid).await,
             _ => self.unsafe_method(req).await,
         }
+    }
+
+    /// A write carrying Braid patches: as it is to a Braid upstream, else
+    /// applied by the proxy (see [`crate::writes`]).
+    async fn patch_write(
+        &self,
+        req: Request<Incoming>,
+        braid: BraidRequest,
+    ) -> Result<Response<Body>, Refusal> {
+        let inner = &self.inner;
+        let path = key_of(&req);
+        let host = proxy::request_host(&req).unwrap_or_default();
+        let key = inner.registry.key_for(&path, req.headers(), &host);
+        let (resource, _, ()) = inner.registry.get_or_create(
+            &key,
+            || proxy::watcher_template(&req, &inner.config),
+            |_| (),
+        )?;
+        if resource.braid_upstream() {
+            return self.unsafe_method(req).await;
+        }
+        let response = inner
+            .writes
+            .apply(req, &braid, resource.clone(), &inner.config)
+            .await?;
+        if response.status().is_success() {
+            // Stored answers of every variant are older than the write now.
+            for variant in inner.registry.variants(&path) {
+                variant.invalidate();
+                if !Arc::ptr_eq(&variant, &resource) {
+                    variant.refresh();
+                }
+            }
+        }
+        Ok(response)
     }
 
     async fn pass_through(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
@@ -510,8 +550,17 @@ async fn fetch(
         Ok(target) => {
             let headers = response.headers().clone();
             let encoded = headers.contains_key(header::CONTENT_ENCODING);
-            let announced = crate::resource::announced_version(&headers)
-                .filter(|_| status == StatusCode::OK && !encoded);
+            // The version this answer will have: the head's when it is the
+            // head's ETag (a written version keeps the writer's id).
+            let head = target.head();
+            let same_etag = matches!(&head.state, State::Present { etag: Some(e), .. }
+                if headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == e.as_bytes()));
+            let announced = if same_etag {
+                Some(head.version.clone())
+            } else {
+                crate::resource::announced_version(&headers)
+            }
+            .filter(|_| status == StatusCode::OK && !encoded);
             if status == StatusCode::OK && !encoded && announced.is_none() && declared.is_some() {
                 // The version is a hash of the body: read it (it is
                 // within max-body-bytes) so this answer can name it.

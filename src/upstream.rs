@@ -248,6 +248,7 @@ impl Watchers {
                 );
             }
             w.mode = Mode::Poll;
+            w.resource.set_braid_upstream(false);
             w.polled_since = Instant::now();
             return Followed::Polled;
         }
@@ -258,7 +259,7 @@ impl Watchers {
             );
         }
         w.mode = Mode::Braid;
-        w.resource.braid_upstream.store(true, Relaxed);
+        w.resource.set_braid_upstream(true);
         if std::mem::replace(&mut w.subscribed_before, true) {
             Metrics::inc(&self.metrics.upstream_reconnects_total);
         }
@@ -531,20 +532,10 @@ impl Watchers {
         w: &Watch,
         subscribe: Option<Option<&VersionList>>,
     ) -> Result<Response<Incoming>, String> {
-        let uri = self
-            .client
-            .uri_for(w.resource.key())
+        let mut req = self
+            .plain_get(&w.resource, None)
             .map_err(|e| e.to_string())?;
-        let mut req = Request::new(body::empty());
-        *req.method_mut() = Method::GET;
-        *req.uri_mut() = uri;
-        *req.headers_mut() = w.resource.template.clone();
         let headers = req.headers_mut();
-        // Patches are made of the decoded text: ask for no content coding.
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
         match subscribe {
             Some(parents) => {
                 headers.insert("subscribe", HeaderValue::from_static("true"));
@@ -568,6 +559,30 @@ impl Watchers {
             None => {}
         }
         self.client.send_watch(req).await.map_err(|e| e.to_string())
+    }
+
+    /// A GET of `resource` as its watcher sends it: the resource's template
+    /// headers (the creating client's identity and forwarding headers),
+    /// no content coding, and `If-None-Match` when given.
+    pub fn plain_get(
+        &self,
+        resource: &Resource,
+        if_none_match: Option<HeaderValue>,
+    ) -> Result<Request<crate::body::Body>, crate::error::Refusal> {
+        let mut req = Request::new(body::empty());
+        *req.method_mut() = Method::GET;
+        *req.uri_mut() = self.client.uri_for(resource.key())?;
+        *req.headers_mut() = resource.template.clone();
+        let headers = req.headers_mut();
+        // Patches are made of the decoded text: ask for no content coding.
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        if let Some(etag) = if_none_match {
+            headers.insert(header::IF_NONE_MATCH, etag);
+        }
+        Ok(req)
     }
 
     /// One conditional request; publishes what changed. False on failure.
@@ -759,7 +774,7 @@ impl Watchers {
     }
 
     /// Reads a body up to the limit, bounded in time by the response timeout.
-    async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
+    pub(crate) async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
         let limited = http_body_util::Limited::new(body, self.max_body_bytes);
         match tokio::time::timeout(self.response_timeout, limited.collect()).await {
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
@@ -815,7 +830,7 @@ fn jitter(delay: Duration) -> Duration {
     delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0)
 }
 
-enum BodyFailure {
+pub(crate) enum BodyFailure {
     TooLarge,
     Broken(String),
 }

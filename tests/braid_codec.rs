@@ -219,3 +219,58 @@ proptest! {
         }
     }
 }
+
+/// The body braid-http 1.3.80 sends for a PUT with several patches
+/// (`braid-http-client.js`, "Multiple patches get sent within a Patches: N
+/// block"): each patch's `content-length` and `content-range`, a blank
+/// line, the content and CRLF, with CRLF between patches.
+fn braid_http_put_body(patches: &[Patch]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (i, p) in patches.iter().enumerate() {
+        if i > 0 {
+            body.extend_from_slice(b"\r\n");
+        }
+        let head = format!(
+            "content-length: {}\r\ncontent-range: {} {}\r\n\r\n",
+            p.content.len(),
+            p.unit.as_str(),
+            p.range
+        );
+        body.extend_from_slice(head.as_bytes());
+        body.extend_from_slice(&p.content);
+        body.extend_from_slice(b"\r\n");
+    }
+    body
+}
+
+proptest! {
+    #[test]
+    fn braid_http_put_bodies_decode_to_their_patches(
+        raw in proptest::collection::vec(
+            (any::<bool>(), 0usize..50, 0usize..5, proptest::collection::vec(any::<u8>(), 0..20)),
+            0..6,
+        ),
+    ) {
+        let patches: Vec<Patch> = raw
+            .into_iter()
+            .map(|(text, a, len, content)| {
+                if text {
+                    Patch::text(a, a + len, String::from_utf8_lossy(&content).into_owned())
+                } else {
+                    Patch::bytes(a, a + len, content)
+                }
+            })
+            .collect();
+        let body = braid_http_put_body(&patches);
+        let decoded = braid_proxy::braid::decode_patches(&body, patches.len(), &DecodeLimits::default())
+            .expect("decodes");
+        prop_assert_eq!(decoded, patches.clone());
+        // A count that does not match the body is an error, never a guess.
+        let fewer = braid_proxy::braid::decode_patches(&body, patches.len() + 1, &DecodeLimits::default());
+        prop_assert!(matches!(fewer, Err(DecodeError::TooFewPatches { .. })), "{:?}", fewer);
+        if !patches.is_empty() {
+            let more = braid_proxy::braid::decode_patches(&body, patches.len() - 1, &DecodeLimits::default());
+            prop_assert!(more.is_err(), "{:?}", more);
+        }
+    }
+}

@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use braid_proxy::config::{Config, Upstream};
-use braid_proxy::server::Server;
+use braid_proxy::config::Config;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -82,19 +81,7 @@ struct Proxy {
 }
 
 async fn proxy(origin: SocketAddr, tune: impl FnOnce(&mut Config)) -> Proxy {
-    let mut config = Config {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
-        upstream: Some(Upstream::parse(&format!("http://{origin}")).expect("upstream")),
-        // Changes arrive only by refresh or write-through in these tests.
-        poll_interval: Duration::from_secs(30),
-        ..Config::default()
-    };
-    tune(&mut config);
-    let server = Server::bind(config).await.expect("bind proxy");
-    let addr = server.local_addr().expect("addr");
-    let admin = server.admin_addr().expect("admin addr");
-    tokio::spawn(server.run(std::future::pending()));
+    let (addr, admin) = common::proxy_for(origin, tune).await;
     Proxy { addr, admin }
 }
 

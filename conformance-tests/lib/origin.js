@@ -3,7 +3,8 @@
 //   GET/HEAD  path -> 200 body with Content-Type and (unless disabled) a strong
 //                     ETag "v<N>"; If-None-Match matching -> 304; unknown -> 404
 //   PUT       path -> stores the body (Content-Type from the request, else the
-//                     previous one), assigns a new ETag, 201/200
+//                     previous one), assigns a new ETag, 201/200; an If-Match
+//                     naming another ETag (or any, when there is none) -> 412
 //   DELETE    path -> removes it (204), 404 afterwards
 //
 // Tests mutate it directly with set()/delete() (bypassing the proxy) and read
@@ -57,6 +58,12 @@ export async function startOrigin() {
       const chunks = []
       req.on('data', (c) => chunks.push(c))
       req.on('end', () => {
+        const ifMatch = req.headers['if-match']
+        if (ifMatch) {
+          const etag = resources.get(path)?.etag
+          const tags = ifMatch.split(',').map((t) => t.trim())
+          if (!etag || !(tags.includes('*') || tags.includes(etag))) return reply(412, { 'content-length': 0 })
+        }
         const existed = resources.has(path)
         const etag = store(path, Buffer.concat(chunks), {
           contentType: req.headers['content-type'] || undefined,

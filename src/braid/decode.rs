@@ -47,6 +47,14 @@ pub enum DecodeError {
     BadStatusLine,
     #[error("malformed Content-Range: {0}")]
     BadContentRange(String),
+    #[error("unknown range unit {0}")]
+    UnknownUnit(String),
+    /// A request's body ends before its `Patches: N` are complete.
+    #[error("Patches: {declared} but the body holds {found} complete patches")]
+    TooFewPatches { declared: usize, found: usize },
+    /// A request's body goes on after its `Patches: N`.
+    #[error("Patches: {declared} but the body holds more after the last one")]
+    TooManyInBody { declared: usize },
 }
 
 /// The decoder; see the module docs.
@@ -217,23 +225,91 @@ fn number(headers: &[(String, Bytes)], name: &str) -> Result<Option<usize>, Deco
     }
 }
 
-fn content_range(v: &Bytes) -> Result<(RangeUnit, String), DecodeError> {
+/// Parses a `Content-Range` value of a patch: `<unit> <range>`, e.g. `text [5:5]`.
+pub fn parse_content_range(v: &[u8]) -> Result<(RangeUnit, String), DecodeError> {
     let text =
         std::str::from_utf8(v).map_err(|_| DecodeError::BadContentRange("not ASCII".into()))?;
     let (unit, range) = text
+        .trim()
         .split_once(' ')
         .ok_or_else(|| DecodeError::BadContentRange(text.into()))?;
     let unit = match unit {
         "text" => RangeUnit::Text,
         "bytes" => RangeUnit::Bytes,
         "json" => RangeUnit::Json,
-        other => {
-            return Err(DecodeError::BadContentRange(format!(
-                "unknown unit {other}"
-            )))
-        }
+        other => return Err(DecodeError::UnknownUnit(other.chars().take(40).collect())),
     };
     Ok((unit, range.trim().to_string()))
+}
+
+/// One patch of a `Patches: N` block starting at `pos` (blank lines before
+/// it are skipped): the patch and where it ends, `Ok(None)` when `buf`
+/// ends first. `total` adds up the patches' lengths against the limit.
+fn next_patch(
+    buf: &[u8],
+    mut pos: usize,
+    limits: &DecodeLimits,
+    total: &mut usize,
+) -> Result<Option<(Patch, usize)>, DecodeError> {
+    while buf.get(pos) == Some(&b'\r') || buf.get(pos) == Some(&b'\n') {
+        pos += 1;
+    }
+    let Some((_, sub, used)) = header_block(&buf[pos..], limits.max_header_block, false)? else {
+        return Ok(None);
+    };
+    let len = number(&sub, "content-length")?.ok_or(DecodeError::MissingContentLength)?;
+    *total = total.saturating_add(len);
+    if *total > limits.max_content_length {
+        return Err(DecodeError::ContentLengthTooLarge {
+            length: *total,
+            limit: limits.max_content_length,
+        });
+    }
+    let range = find(&sub, "content-range")
+        .ok_or_else(|| DecodeError::BadContentRange("a patch has no Content-Range".into()))?;
+    let (unit, range) = parse_content_range(range)?;
+    let start = pos + used;
+    if buf.len() < start + len {
+        return Ok(None);
+    }
+    let patch = Patch {
+        unit,
+        range,
+        content: Bytes::copy_from_slice(&buf[start..start + len]),
+    };
+    Ok(Some((patch, start + len)))
+}
+
+/// Decodes the body of a request that carried `Patches: count`: exactly
+/// `count` patches, each with `Content-Length` and `Content-Range`, blank
+/// lines between and after them and nothing else.
+pub fn decode_patches(
+    body: &[u8],
+    count: usize,
+    limits: &DecodeLimits,
+) -> Result<Vec<Patch>, DecodeError> {
+    if count > limits.max_patches {
+        return Err(DecodeError::TooManyPatches {
+            count,
+            limit: limits.max_patches,
+        });
+    }
+    let mut patches = Vec::with_capacity(count);
+    let (mut pos, mut total) = (0, 0);
+    while patches.len() < count {
+        let Some((patch, end)) = next_patch(body, pos, limits, &mut total)? else {
+            return Err(DecodeError::TooFewPatches {
+                declared: count,
+                found: patches.len(),
+            });
+        };
+        patches.push(patch);
+        pos = end;
+    }
+    if body[pos..].iter().any(|b| !matches!(b, b'\r' | b'\n')) {
+        return Err(DecodeError::TooManyInBody { declared: count });
+    }
+    Ok(patches)
 }
 
 fn versions(headers: &[(String, Bytes)], name: &'static str) -> Result<VersionList, DecodeError> {
@@ -282,36 +358,11 @@ fn parse_update(buf: &[u8], limits: &DecodeLimits) -> Result<Option<(Update, usi
         let mut patches = Vec::with_capacity(count);
         let mut total = 0usize;
         for _ in 0..count {
-            // Blank lines may separate the patches.
-            while buf.get(pos) == Some(&b'\r') || buf.get(pos) == Some(&b'\n') {
-                pos += 1;
-            }
-            let Some((_, sub, used)) = header_block(&buf[pos..], limits.max_header_block, false)?
-            else {
+            let Some((patch, end)) = next_patch(buf, pos, limits, &mut total)? else {
                 return Ok(None);
             };
-            let len = number(&sub, "content-length")?.ok_or(DecodeError::MissingContentLength)?;
-            total = total.saturating_add(len);
-            if total > limits.max_content_length {
-                return Err(DecodeError::ContentLengthTooLarge {
-                    length: total,
-                    limit: limits.max_content_length,
-                });
-            }
-            let range = find(&sub, "content-range").ok_or_else(|| {
-                DecodeError::BadContentRange("a patch has no Content-Range".into())
-            })?;
-            let (unit, range) = content_range(range)?;
-            let start = pos + used;
-            if buf.len() < start + len {
-                return Ok(None);
-            }
-            patches.push(Patch {
-                unit,
-                range,
-                content: Bytes::copy_from_slice(&buf[start..start + len]),
-            });
-            pos = start + len;
+            patches.push(patch);
+            pos = end;
         }
         Body::Patches(patches)
     } else {
@@ -329,7 +380,7 @@ fn parse_update(buf: &[u8], limits: &DecodeLimits) -> Result<Option<(Update, usi
         pos += len;
         match find(&headers, "content-range") {
             Some(range) => {
-                let (unit, range) = content_range(range)?;
+                let (unit, range) = parse_content_range(range)?;
                 Body::Patches(vec![Patch {
                     unit,
                     range,

@@ -7,7 +7,7 @@ mod encode;
 mod headers;
 mod patch;
 
-pub use decode::{DecodeError, DecodeLimits, Decoder};
+pub use decode::{decode_patches, parse_content_range, DecodeError, DecodeLimits, Decoder};
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
 pub use headers::{
     parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList, MAX_VERSIONS,

@@ -1,9 +1,15 @@
 //! Shared by the integration tests: a tiny HTTP/1 server on 127.0.0.1:0.
 
+#![allow(dead_code)] // each test binary uses its own part of this module
+
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use braid_proxy::config::{Config, Upstream};
+use braid_proxy::server::Server;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -17,6 +23,18 @@ pub async fn serve<F>(answer: F) -> SocketAddr
 where
     F: Fn(Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
+    serve_async(move |req| std::future::ready(answer(req))).await
+}
+
+/// As [`serve`], for an answer that awaits (reads the request body, or
+/// streams its response).
+pub async fn serve_async<F, Fut, B>(answer: F) -> SocketAddr
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
     let addr = listener.local_addr().expect("addr");
     let answer = Arc::new(answer);
@@ -26,7 +44,7 @@ where
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
                     let answer = answer.clone();
-                    async move { Ok::<_, Infallible>(answer(req)) }
+                    async move { Ok::<_, Infallible>(answer(req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -35,4 +53,26 @@ where
         }
     });
     addr
+}
+
+/// Starts a proxy in front of `origin` on 127.0.0.1:0, polling only every
+/// 30 s (changes arrive by refresh, write-through or the proxy's own
+/// writes); `tune` adjusts the configuration. Returns (listener, admin).
+pub async fn proxy_for(
+    origin: SocketAddr,
+    tune: impl FnOnce(&mut Config),
+) -> (SocketAddr, SocketAddr) {
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        upstream: Some(Upstream::parse(&format!("http://{origin}")).expect("upstream")),
+        poll_interval: Duration::from_secs(30),
+        ..Config::default()
+    };
+    tune(&mut config);
+    let server = Server::bind(config).await.expect("bind proxy");
+    let addr = server.local_addr().expect("addr");
+    let admin = server.admin_addr().expect("admin addr");
+    tokio::spawn(server.run(std::future::pending()));
+    (addr, admin)
 }
