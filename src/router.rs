@@ -321,7 +321,14 @@ impl Router {
             .iter()
             .any(|name| h.contains_key(name));
         if bypass {
-            return self.pass_through(req).await;
+            // Ranges and preconditions other than If-None-Match and
+            // If-Modified-Since are the origin's to evaluate.
+            let response = self.pass_through(req).await?;
+            return Ok(with_cache_status(
+                response,
+                &inner.config.proxy_id,
+                "fwd=bypass",
+            ));
         }
         let host = proxy::request_host(&req).unwrap_or_default();
         let key = inner.registry.key_for(&key_of(&req), h, &host);
@@ -335,7 +342,12 @@ impl Router {
         }
         if braid.version.is_some() {
             // A version the proxy does not hold: the origin's to answer.
-            return self.pass_through(req).await;
+            let response = self.pass_through(req).await?;
+            return Ok(with_cache_status(
+                response,
+                &inner.config.proxy_id,
+                "fwd=miss; detail=\"version not held\"",
+            ));
         }
         if request_cc.only_if_cached {
             return Ok(only_if_cached_miss());
@@ -575,6 +587,22 @@ async fn fetch(
                 h.insert(HeaderName::from_static("version"), v.clone());
                 h.insert(HeaderName::from_static("current-version"), v);
             }
+            if status == StatusCode::NO_CONTENT || declared == Some(0) {
+                // No body to wait for (a 204's is never polled).
+                inner.watchers.absorb_fetched(
+                    &target,
+                    status,
+                    &headers,
+                    bytes::Bytes::new(),
+                    timing,
+                    true,
+                );
+                target.validated(true);
+                drop(guard);
+                Metrics::inc(&inner.metrics.cache_misses_total);
+                let detail = format!("fwd={fwd}; fwd-status={}; stored", status.as_u16());
+                return Ok(with_cache_status(response, &config.proxy_id, &detail));
+            }
             let watchers = inner.watchers.clone();
             let body = std::mem::replace(response.body_mut(), body::empty());
             let done: body::OnComplete = Box::new(move |bytes| {
@@ -586,12 +614,17 @@ async fn fetch(
         }
     };
     Metrics::inc(&inner.metrics.cache_misses_total);
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"; {detail}", config.proxy_id)) {
+    Ok(with_cache_status(response, &config.proxy_id, &detail))
+}
+
+/// Adds this proxy's `Cache-Status` entry (RFC 9211).
+fn with_cache_status(mut response: Response<Body>, id: &str, detail: &str) -> Response<Body> {
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{id}\"; {detail}")) {
         response
             .headers_mut()
             .append(HeaderName::from_static("cache-status"), v);
     }
-    Ok(response)
+    response
 }
 
 /// Reads a storable 200 whole (its length is declared and within

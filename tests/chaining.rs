@@ -446,6 +446,37 @@ async fn a_loop_of_tiers_is_refused_not_hung() {
     assert!(b.metric("upstream_requests_total").await >= 1.0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_on_one_host_need_no_proxy_ids() {
+    // No --proxy-id anywhere: each instance's default id names its port.
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    let origin_addr = origin.start().await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let shield = Tier::start(config("", origin_addr, any)).await;
+    let edge = Tier::start(config("", shield.addr, any)).await;
+    let response = request(edge.addr, "/doc", true).await;
+    assert_eq!(response.status().as_u16(), 209, "no 508 between the tiers");
+    let (status, body) = plain_get(edge.addr, "/doc").await;
+    assert_eq!((status, body.as_str()), (200, doc(0).as_str()));
+    // The origin's requests come through both tiers, each named by its port.
+    let requests = origin.requests.lock().expect("lock").clone();
+    let (_, via) = requests.last().expect("the origin was asked").clone();
+    for port in [shield.addr.port(), edge.addr.port()] {
+        assert!(
+            via.contains(&format!(":{port}")),
+            "both default ids in Via: {via}"
+        );
+    }
+    // A proxy pointed at itself is still a loop: 508, not a hang.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let own = listener.local_addr().expect("addr");
+    drop(listener);
+    let selfie = Tier::start(config("", own, own)).await;
+    let (status, _) = plain_get(selfie.addr, "/doc").await;
+    assert_eq!(status, 508);
+}
+
 /// A scripted Braid upstream: the n-th subscription request gets a 209
 /// whose body is `scripts[n]` (then stays open). Records every request's
 /// `Parents` header.
