@@ -37,8 +37,6 @@ pub enum Refusal {
     NotFound,
     #[error("multiplexing is not supported here; send each subscription as its own request")]
     NoMultiplexing,
-    #[error("version {0} is not available; only the current version is served")]
-    VersionUnavailable(String),
     #[error("method not allowed")]
     MethodNotAllowed(&'static str),
     /// A patch write that would lose an update: its `Parents` are not the
@@ -75,7 +73,7 @@ impl Refusal {
             Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Loop(_) => StatusCode::LOOP_DETECTED,
-            Refusal::NotFound | Refusal::NoMultiplexing | Refusal::VersionUnavailable(_) => {
+            Refusal::NotFound | Refusal::NoMultiplexing => {
                 StatusCode::NOT_FOUND
             }
             Refusal::Conflict { .. } => StatusCode::CONFLICT,
