@@ -14,8 +14,25 @@ use crate::body::{self, Body};
 use crate::error::Refusal;
 use crate::router::Router;
 
-/// Serves the admin listener until the task is aborted.
+/// Serves the admin listener until the task is aborted, probing the
+/// upstream in the background so that `/readyz` follows it.
 pub async fn serve(listener: TcpListener, router: Router) {
+    let prober = router.clone();
+    let probes = tokio::spawn(async move {
+        let every = prober.config().poll_interval.clamp(
+            std::time::Duration::from_millis(250),
+            std::time::Duration::from_secs(5),
+        );
+        let mut closing = prober.closing();
+        loop {
+            prober.probe_upstream().await;
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = closing.changed() => return,
+            }
+        }
+    });
+    let _probes = AbortOnDrop(probes);
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -40,7 +57,45 @@ pub async fn serve(listener: TcpListener, router: Router) {
     }
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Whether the request carries the admin token (`Authorization: Bearer`),
+/// compared in constant time; always true when no token is configured.
+fn authorized(req: &Request<Incoming>, token: Option<&str>) -> bool {
+    let Some(token) = token else { return true };
+    let Some(given) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 async fn handle(req: Request<Incoming>, router: &Router) -> Response<Body> {
+    // Liveness and readiness stay open to load balancers; the rest needs
+    // the token when one is configured.
+    let open = matches!(req.uri().path(), "/healthz" | "/readyz");
+    if !open && !authorized(&req, router.config().admin_token.as_deref()) {
+        let mut r = text(
+            StatusCode::UNAUTHORIZED,
+            "the admin listener needs Authorization: Bearer <admin-token>\n".into(),
+            "text/plain",
+        );
+        r.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return r;
+    }
     let result = match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => Ok(text(
             StatusCode::OK,
@@ -48,7 +103,14 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Body> {
             "text/plain; version=0.0.4",
         )),
         (&Method::GET, "/healthz") => Ok(text(StatusCode::OK, "ok\n".into(), "text/plain")),
-        (&Method::GET, "/readyz") => Ok(text(StatusCode::OK, "ready\n".into(), "text/plain")),
+        (&Method::GET, "/readyz") => Ok(match router.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n".into(), "text/plain"),
+            Err(reason) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}\n"),
+                "text/plain",
+            ),
+        }),
         (_, "/metrics" | "/healthz" | "/readyz") => Err(Refusal::MethodNotAllowed("GET")),
         (&Method::POST, "/refresh") => refresh(&req, router),
         (_, "/refresh") => Err(Refusal::MethodNotAllowed("POST")),

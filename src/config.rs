@@ -43,6 +43,12 @@ pub struct Args {
     /// Address of the operations listener (/metrics, /healthz, /readyz, POST /refresh?path=) [default: off]
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// Bearer token the admin listener requires (Authorization: Bearer TOKEN); needed when it listens beyond loopback [default: none]
+    #[arg(long, value_name = "TOKEN", env = "BRAID_PROXY_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Log format: `text`, or `json` for one JSON object per line [default: text]
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
     /// TOML file with the same keys as these flags; flags override it
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -159,6 +165,15 @@ impl std::fmt::Display for Upstream {
     }
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -166,6 +181,8 @@ pub struct Config {
     /// `None` means: start the embedded demo origin.
     pub upstream: Option<Upstream>,
     pub admin_listen: Option<SocketAddr>,
+    pub admin_token: Option<String>,
+    pub log_format: LogFormat,
     pub connect_timeout: Duration,
     pub response_timeout: Duration,
     pub header_read_timeout: Duration,
@@ -199,6 +216,8 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: None,
             admin_listen: None,
+            admin_token: None,
+            log_format: LogFormat::Text,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(10),
@@ -260,7 +279,21 @@ impl Config {
             config.apply_toml(path, &text)?;
         }
         config.apply_args(args)?;
+        config.check()?;
         Ok(config)
+    }
+
+    /// Checks that the keys agree with each other.
+    fn check(&self) -> Result<(), ConfigError> {
+        if let Some(addr) = self.admin_listen {
+            if !addr.ip().is_loopback() && self.admin_token.is_none() {
+                return Err(bad(
+                    "admin-listen",
+                    format!("{addr} is not loopback: set admin-token so that only operators reach /metrics and /refresh"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Applies a TOML document; each key is validated by the same parser as its flag.
@@ -313,10 +346,12 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 26] = [
+        let pairs: [(&'static str, Option<String>); 28] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
+            ("admin-token", args.admin_token),
+            ("log-format", args.log_format),
             ("connect-timeout", args.connect_timeout),
             ("response-timeout", args.response_timeout),
             ("header-read-timeout", args.header_read_timeout),
@@ -365,6 +400,22 @@ impl Config {
             "listen" => self.listen = parse_addr(v).map_err(e)?,
             "upstream" => self.upstream = Some(Upstream::parse(v).map_err(e)?),
             "admin-listen" => self.admin_listen = Some(parse_addr(v).map_err(e)?),
+            "admin-token" => {
+                let token = v.trim();
+                if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(e(
+                        "the admin token must be at least 16 visible ASCII characters".into(),
+                    ));
+                }
+                self.admin_token = Some(token.to_string());
+            }
+            "log-format" => {
+                self.log_format = match v.trim() {
+                    "text" => LogFormat::Text,
+                    "json" => LogFormat::Json,
+                    other => return Err(e(format!("`{other}` is not text or json"))),
+                }
+            }
             "connect-timeout" => {
                 self.connect_timeout = positive(parse_duration(v).map_err(e)?, key)?
             }
@@ -450,6 +501,8 @@ const KEYS: &[&str] = &[
     "listen",
     "upstream",
     "admin-listen",
+    "admin-token",
+    "log-format",
     "connect-timeout",
     "response-timeout",
     "header-read-timeout",

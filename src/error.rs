@@ -73,9 +73,7 @@ impl Refusal {
             Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Loop(_) => StatusCode::LOOP_DETECTED,
-            Refusal::NotFound | Refusal::NoMultiplexing => {
-                StatusCode::NOT_FOUND
-            }
+            Refusal::NotFound | Refusal::NoMultiplexing => StatusCode::NOT_FOUND,
             Refusal::Conflict { .. } => StatusCode::CONFLICT,
             Refusal::BadPatch(_) => StatusCode::BAD_REQUEST,
             Refusal::RangeNotSatisfiable(_) => StatusCode::RANGE_NOT_SATISFIABLE,

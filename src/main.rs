@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use braid_proxy::config::{Args, Config, Upstream};
+use braid_proxy::config::{Args, Config, LogFormat, Upstream};
 use braid_proxy::server::Server;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -17,12 +17,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.init(),
+        // One JSON object per line: time, level, target, message and fields.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -13,6 +13,7 @@ pub struct Metrics {
     pub subscriptions_total: AtomicU64,
     pub subscriptions_rejected_total: AtomicU64,
     pub resources: AtomicI64,
+    pub resources_private: AtomicI64,
     pub history_bytes: AtomicI64,
     pub subscriber_pending_bytes: AtomicI64,
     pub updates_published_total: AtomicU64,
@@ -35,10 +36,84 @@ pub struct Metrics {
     pub cache_not_stored_total: AtomicU64,
     pub patch_writes_total: AtomicU64,
     pub patch_conflicts_total: AtomicU64,
+    /// Bytes of updates and heartbeats handed to subscriber connections.
+    pub bytes_sent_total: AtomicU64,
+    pub upstream_connect_errors_total: AtomicU64,
+    pub upstream_timeouts_total: AtomicU64,
+    pub upstream_broken_total: AtomicU64,
+    /// Time from sending an upstream request to its response headers.
+    pub upstream_response_seconds: Histogram,
+}
+
+/// A Prometheus histogram with fixed buckets, in seconds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    total: AtomicU64,
+}
+
+/// Buckets for upstream response times.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Buckets for the age of resources' last successful validation.
+pub const AGE_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new(LATENCY_BUCKETS)
+    }
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, seconds: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| seconds <= *b) {
+            self.counts[i].fetch_add(1, Relaxed);
+        }
+        self.sum_micros
+            .fetch_add((seconds * 1e6).max(0.0) as u64, Relaxed);
+        self.total.fetch_add(1, Relaxed);
+    }
+
+    /// Writes the histogram in the text exposition format.
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(
+            out,
+            "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} histogram"
+        );
+        let mut cumulative = 0;
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count.load(Relaxed);
+            let _ = writeln!(
+                out,
+                "braid_proxy_{name}_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let total = self.total.load(Relaxed);
+        let _ = writeln!(out, "braid_proxy_{name}_bucket{{le=\"+Inf\"}} {total}");
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "braid_proxy_{name}_sum {sum}\nbraid_proxy_{name}_count {total}"
+        );
+    }
 }
 
 impl Metrics {
     pub(crate) fn pending_add(&self, n: usize) {
+        self.bytes_sent_total.fetch_add(n as u64, Relaxed);
         self.subscriber_pending_bytes.fetch_add(n as i64, Relaxed);
     }
 
@@ -54,7 +129,27 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 22] = [
+        let counters: [(&str, &AtomicU64, &str); 26] = [
+            (
+                "bytes_sent_total",
+                &self.bytes_sent_total,
+                "Bytes of updates and heartbeats handed to subscriber connections.",
+            ),
+            (
+                "upstream_connect_errors_total",
+                &self.upstream_connect_errors_total,
+                "Upstream requests that could not connect.",
+            ),
+            (
+                "upstream_timeouts_total",
+                &self.upstream_timeouts_total,
+                "Upstream requests without response headers within --response-timeout.",
+            ),
+            (
+                "upstream_broken_total",
+                &self.upstream_broken_total,
+                "Upstream requests that failed after connecting (reset, protocol error).",
+            ),
             (
                 "state_evictions_total",
                 &self.state_evictions_total,
@@ -166,7 +261,12 @@ impl Metrics {
             let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} counter\nbraid_proxy_{name} {}", value.load(Relaxed));
         }
         let _ = writeln!(out, "# HELP braid_proxy_diffs_fallback_snapshot_total Diffs replaced by a snapshot (too large or too slow).\n# TYPE braid_proxy_diffs_fallback_snapshot_total counter\nbraid_proxy_diffs_fallback_snapshot_total {}", self.diffs_fallback_snapshot_total.load(Relaxed));
-        let gauges: [(&str, &AtomicI64, &str); 6] = [
+        let gauges: [(&str, &AtomicI64, &str); 7] = [
+            (
+                "resources_private",
+                &self.resources_private,
+                "Resources tracked for one credential, or not shareable (capped by --max-private-resources).",
+            ),
             (
                 "state_bytes",
                 &self.state_bytes,
@@ -193,6 +293,11 @@ impl Metrics {
         for (name, value, help) in gauges {
             let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} gauge\nbraid_proxy_{name} {}", value.load(Relaxed));
         }
+        self.upstream_response_seconds.render(
+            &mut out,
+            "upstream_response_seconds",
+            "Time from an upstream request to its response headers (polls, subscriptions, pass-through).",
+        );
         out
     }
 }

@@ -40,6 +40,51 @@ pub struct UpstreamClient {
     upstream: Arc<Upstream>,
     response_timeout: Duration,
     metrics: Arc<Metrics>,
+    /// The outcome of the latest requests and probes, for `/readyz`.
+    pub health: Arc<UpstreamHealth>,
+}
+
+/// Whether the upstream answers: the time of the latest success and of the
+/// latest failure (with its reason), from requests and from probes.
+#[derive(Debug, Default)]
+pub struct UpstreamHealth {
+    state: std::sync::Mutex<HealthState>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct HealthState {
+    pub last_ok: Option<std::time::Instant>,
+    pub last_failure: Option<(std::time::Instant, String)>,
+}
+
+impl UpstreamHealth {
+    pub fn ok(&self) {
+        self.lock().last_ok = Some(std::time::Instant::now());
+    }
+
+    pub fn failed(&self, reason: String) {
+        self.lock().last_failure = Some((std::time::Instant::now(), reason));
+    }
+
+    pub fn snapshot(&self) -> HealthState {
+        self.lock().clone()
+    }
+
+    /// The reason the upstream counts as down: its latest outcome was a
+    /// failure. `None` while the latest outcome was a success, or before any.
+    pub fn down(&self) -> Option<String> {
+        let state = self.lock();
+        match (&state.last_failure, state.last_ok) {
+            (Some((failed, reason)), ok) if ok.map_or(true, |ok| *failed > ok) => {
+                Some(reason.clone())
+            }
+            _ => None,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl UpstreamClient {
@@ -66,12 +111,33 @@ impl UpstreamClient {
             upstream: Arc::new(upstream),
             response_timeout: config.response_timeout,
             metrics,
+            health: Arc::default(),
         }
     }
 
     /// The configured upstream.
     pub fn upstream(&self) -> &Upstream {
         &self.upstream
+    }
+
+    /// Checks that the upstream accepts connections (a TCP connect within
+    /// `timeout`), recording the outcome in [`UpstreamClient::health`].
+    pub async fn probe(&self, timeout: Duration) {
+        let authority = self.upstream.authority.as_str().to_string();
+        let target = if self.upstream.authority.port().is_some() {
+            authority
+        } else {
+            format!("{authority}:80")
+        };
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&target)).await {
+            Ok(Ok(_)) => self.health.ok(),
+            Ok(Err(e)) => self
+                .health
+                .failed(format!("cannot connect to {target}: {e}")),
+            Err(_) => self
+                .health
+                .failed(format!("no connection to {target} within {timeout:?}")),
+        }
     }
 
     /// Builds the upstream URI for a client's path and query.
@@ -104,21 +170,35 @@ impl UpstreamClient {
             HeaderValue::from_str(self.upstream.authority.as_str())
                 .map_err(|_| Refusal::BadRequest("bad upstream authority".into()))?,
         );
-        match tokio::time::timeout(self.response_timeout, client.request(req)).await {
+        let sent = std::time::Instant::now();
+        let outcome = match tokio::time::timeout(self.response_timeout, client.request(req)).await {
             Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) if e.is_connect() => {
+                Metrics::inc(&self.metrics.upstream_connect_errors_total);
+                Err(Refusal::UpstreamUnreachable(describe(&e)))
+            }
             Ok(Err(e)) => {
-                Metrics::inc(&self.metrics.upstream_errors_total);
-                if e.is_connect() {
-                    Err(Refusal::UpstreamUnreachable(describe(&e)))
-                } else {
-                    Err(Refusal::UpstreamBroken(describe(&e)))
-                }
+                Metrics::inc(&self.metrics.upstream_broken_total);
+                Err(Refusal::UpstreamBroken(describe(&e)))
             }
             Err(_) => {
-                Metrics::inc(&self.metrics.upstream_errors_total);
+                Metrics::inc(&self.metrics.upstream_timeouts_total);
                 Err(Refusal::UpstreamTimeout(self.response_timeout))
             }
+        };
+        match &outcome {
+            Ok(_) => {
+                self.metrics
+                    .upstream_response_seconds
+                    .observe(sent.elapsed().as_secs_f64());
+                self.health.ok();
+            }
+            Err(refusal) => {
+                Metrics::inc(&self.metrics.upstream_errors_total);
+                self.health.failed(refusal.to_string());
+            }
         }
+        outcome
     }
 }
 

@@ -268,6 +268,8 @@ pub struct Validation {
     /// Set while a Braid upstream subscription is open: the state is kept
     /// current by the upstream's pushes, so it needs no revalidation.
     pub live: bool,
+    /// When the latest successful revalidation ended.
+    pub ok_at: Option<Instant>,
 }
 
 impl Resource {
@@ -405,6 +407,7 @@ impl Resource {
             v.failed = !ok;
             if ok {
                 v.stale = false;
+                v.ok_at = v.at;
             }
         });
     }
@@ -905,6 +908,19 @@ impl Registry {
         let r = urls.get(&key.path)?.by_key.get(&key.secondary)?.clone();
         r.touch();
         Some(r)
+    }
+
+    /// Every tracked resource (for the admin listener's reports).
+    pub fn all(&self) -> Vec<Arc<Resource>> {
+        lock(&self.urls)
+            .values()
+            .flat_map(|v| v.by_key.values().cloned())
+            .collect()
+    }
+
+    /// Resources tracked as private (credentialed or detached).
+    pub fn private_count(&self) -> usize {
+        self.private.load(Relaxed)
     }
 
     /// Every tracked variant of `path`.

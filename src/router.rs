@@ -2,7 +2,7 @@
 //! and log one access line per request.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -119,7 +119,80 @@ impl Router {
             self.inner.registry.state_bytes() as i64,
             std::sync::atomic::Ordering::Relaxed,
         );
-        self.inner.metrics.render()
+        metrics.resources_private.store(
+            self.inner.registry.private_count() as i64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let mut out = self.inner.metrics.render();
+        // How long ago each subscribed resource was last known current, as
+        // one histogram (a series per URL would not be bounded).
+        let ages = crate::metrics::Histogram::new(crate::metrics::AGE_BUCKETS);
+        for resource in self.inner.registry.all() {
+            if resource.subscribers() == 0 {
+                continue;
+            }
+            let v = resource.validation();
+            let age = if v.live {
+                0.0
+            } else {
+                v.ok_at
+                    .map_or(f64::INFINITY, |at| at.elapsed().as_secs_f64())
+            };
+            ages.observe(age);
+        }
+        ages.render(
+            &mut out,
+            "validation_age_seconds",
+            "Per subscribed resource: seconds since its state was last validated (0 while a Braid upstream stream is live).",
+        );
+        out
+    }
+
+    /// Whether this proxy can serve: `Err` with the reason when the
+    /// upstream's latest answer was a failure, or when a subscribed
+    /// resource has had neither a successful poll nor a live upstream
+    /// stream for three poll intervals (its watcher is wedged or failing).
+    pub fn readiness(&self) -> Result<(), String> {
+        if let Some(reason) = self.inner.client.health.down() {
+            return Err(format!("upstream unreachable: {reason}"));
+        }
+        let limit = self.inner.config.poll_interval.max(Duration::from_secs(1)) * 3;
+        let stuck = self
+            .inner
+            .registry
+            .all()
+            .into_iter()
+            .filter(|r| r.subscribers() > 0)
+            .filter(|r| {
+                let v = r.validation();
+                !v.live && v.ok_at.map_or(true, |at| at.elapsed() > limit)
+            })
+            .count();
+        if stuck > 0 {
+            return Err(format!(
+                "{stuck} subscribed resource(s) without a successful poll or live upstream stream for {limit:?}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Probes the upstream (a TCP connect) when nothing has reached it
+    /// lately, so readiness follows the upstream without client traffic.
+    pub async fn probe_upstream(&self) {
+        let config = &self.inner.config;
+        let every = config
+            .poll_interval
+            .clamp(Duration::from_millis(250), Duration::from_secs(5));
+        let recent = self
+            .inner
+            .client
+            .health
+            .snapshot()
+            .last_ok
+            .is_some_and(|at| at.elapsed() < every);
+        if !recent || self.inner.client.health.down().is_some() {
+            self.inner.client.probe(config.connect_timeout).await;
+        }
     }
 
     /// Tells long-lived streams to end cleanly.

@@ -144,6 +144,23 @@ struct Cursor {
     history: Arc<History>,
     metrics: Arc<Metrics>,
     _counted: Counted,
+    opened: std::time::Instant,
+    updates: u64,
+    bytes: u64,
+}
+
+impl Drop for Cursor {
+    /// Logs the close of a subscription, with its duration, updates and bytes.
+    fn drop(&mut self) {
+        tracing::info!(
+            target: "subscription",
+            resource = self.resource.key(),
+            duration_ms = self.opened.elapsed().as_millis() as u64,
+            updates = self.updates,
+            bytes = self.bytes,
+            "subscription closed"
+        );
+    }
 }
 
 impl Subscriptions {
@@ -176,6 +193,7 @@ impl Subscriptions {
         request: &BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let counted = self.admit(&resource)?;
+        tracing::info!(target: "subscription", resource = resource.key(), "subscription open");
         Metrics::inc(&self.metrics.subscriptions_total);
         let current = head.borrow().clone();
         let at = match &request.parents {
@@ -194,6 +212,9 @@ impl Subscriptions {
             history: self.history.clone(),
             metrics: self.metrics.clone(),
             _counted: counted,
+            opened: std::time::Instant::now(),
+            updates: 0,
+            bytes: 0,
         };
         let stream = futures_util::stream::unfold(cursor, Cursor::next);
         let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
@@ -254,6 +275,8 @@ impl Cursor {
             if let Some(bytes) = self.frame_for(&head) {
                 self.at = Some(head.seq);
                 self.sent_since_tick = true;
+                self.updates += 1;
+                self.bytes += bytes.len() as u64;
                 let chunk = Chunk::counted(bytes, &self.metrics);
                 return Some((Ok(Frame::data(chunk)), self));
             }
@@ -270,7 +293,9 @@ impl Cursor {
                         self.heartbeat = None;
                     } else if !std::mem::replace(&mut self.sent_since_tick, false) {
                         Metrics::inc(&self.metrics.heartbeats_sent_total);
-                        let chunk = Chunk::counted(braid::encode_heartbeat(), &self.metrics);
+                        let beat = braid::encode_heartbeat();
+                        self.bytes += beat.len() as u64;
+                        let chunk = Chunk::counted(beat, &self.metrics);
                         return Some((Ok(Frame::data(chunk)), self));
                     }
                 },

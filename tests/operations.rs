@@ -1,0 +1,241 @@
+//! What an operator relies on, over real sockets on 127.0.0.1:0: `/readyz`
+//! follows the upstream, the admin token guards `/metrics` and `/refresh`,
+//! a non-loopback admin listener needs a token, and `--log-format json`
+//! writes one JSON object per line.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use braid_proxy::config::{Args, Config, Upstream};
+use braid_proxy::server::Server;
+use bytes::Bytes;
+use clap::Parser;
+use http::Response;
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(10);
+const TOKEN: &str = "an-operators-token-0123";
+
+async fn call(addr: SocketAddr, path: &str, extra: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n{extra}\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut out))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Starts a proxy for `upstream` with an admin listener; returns (client, admin).
+async fn start(upstream: SocketAddr, tune: impl FnOnce(&mut Config)) -> (SocketAddr, SocketAddr) {
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        upstream: Some(Upstream::parse(&format!("http://{upstream}")).expect("upstream")),
+        poll_interval: Duration::from_millis(100),
+        connect_timeout: Duration::from_millis(300),
+        ..Config::default()
+    };
+    tune(&mut config);
+    let server = Server::bind(config).await.expect("bind");
+    let addrs = (
+        server.local_addr().expect("addr"),
+        server.admin_addr().expect("admin"),
+    );
+    tokio::spawn(server.run(std::future::pending()));
+    addrs
+}
+
+/// Polls `/readyz` until its status line starts with `want` (bounded).
+async fn readyz_until(admin: SocketAddr, want: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = call(admin, "/readyz", "").await;
+        if answer.starts_with(want) {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readyz never gave {want}; last:\n{answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_the_upstream() {
+    // An origin we can stop and start again on the same port.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let origin_addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let serve = || async move {
+        let listener = tokio::net::TcpListener::bind(origin_addr)
+            .await
+            .expect("rebind");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                            "up",
+                        ))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        })
+    };
+    let origin = serve().await;
+    let (client, admin) = start(origin_addr, |_| {}).await;
+    readyz_until(admin, "HTTP/1.1 200").await;
+    // A live subscription, then the origin goes away.
+    let mut sub = TcpStream::connect(client).await.expect("connect");
+    sub.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n")
+        .await
+        .expect("write");
+    origin.abort();
+    let _ = origin.await;
+    let started = Instant::now();
+    let down = readyz_until(admin, "HTTP/1.1 503").await;
+    assert!(down.contains("not ready: "), "{down}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not ready within a few poll intervals: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        call(admin, "/healthz", "")
+            .await
+            .starts_with("HTTP/1.1 200"),
+        "liveness stays up"
+    );
+    // The origin comes back: ready again.
+    let _back = serve().await;
+    readyz_until(admin, "HTTP/1.1 200").await;
+}
+
+#[tokio::test]
+async fn the_admin_token_guards_metrics_and_refresh() {
+    let origin = common::serve(|_| Response::new(Full::new(Bytes::from("x")))).await;
+    let (_, admin) = start(origin, |c| c.admin_token = Some(TOKEN.into())).await;
+    let denied = call(admin, "/metrics", "").await;
+    assert!(denied.starts_with("HTTP/1.1 401"), "{denied}");
+    assert!(
+        denied.to_lowercase().contains("www-authenticate: bearer"),
+        "{denied}"
+    );
+    let wrong = call(
+        admin,
+        "/metrics",
+        "Authorization: Bearer not-the-token-at-all\r\n",
+    )
+    .await;
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+    let ok = call(
+        admin,
+        "/metrics",
+        &format!("Authorization: Bearer {TOKEN}\r\n"),
+    )
+    .await;
+    assert!(
+        ok.starts_with("HTTP/1.1 200") && ok.contains("braid_proxy_requests_total"),
+        "{ok}"
+    );
+    for metric in [
+        "braid_proxy_resources_private",
+        "braid_proxy_bytes_sent_total",
+        "braid_proxy_upstream_connect_errors_total",
+        "braid_proxy_upstream_response_seconds_bucket",
+        "braid_proxy_validation_age_seconds_bucket",
+        "braid_proxy_cache_hits_total",
+    ] {
+        assert!(ok.contains(metric), "{metric} missing");
+    }
+    // Health checks stay open to load balancers.
+    assert!(call(admin, "/healthz", "")
+        .await
+        .starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn a_public_admin_listener_needs_a_token() {
+    let args = Args::parse_from(["braid-proxy", "--admin-listen", "0.0.0.0:9090"]);
+    let err = Config::from_args(args).expect_err("refused");
+    assert!(err.to_string().contains("admin-token"), "{err}");
+    let args = Args::parse_from([
+        "braid-proxy",
+        "--admin-listen",
+        "0.0.0.0:9090",
+        "--admin-token",
+        TOKEN,
+    ]);
+    assert!(Config::from_args(args).is_ok());
+    let short = Args::parse_from(["braid-proxy", "--admin-token", "short"]);
+    assert!(
+        Config::from_args(short).is_err(),
+        "a short token is refused"
+    );
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("banner");
+    let addr = line
+        .trim()
+        .strip_prefix("braid-proxy listening on http://")
+        .expect("banner names the address")
+        .to_string();
+    // One request, so that an access line is logged.
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /notes.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .expect("write");
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut stream, &mut answer).expect("read");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + WAIT;
+    let mut access = None;
+    while Instant::now() < deadline {
+        let Some(Ok(line)) = lines.next() else { break };
+        let value: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        if value["target"] == "access" {
+            access = Some(value);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let access = access.expect("an access line");
+    assert!(
+        access["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("GET /notes.txt")),
+        "{access}"
+    );
+    assert!(
+        access["level"].is_string() && access["timestamp"].is_string(),
+        "{access}"
+    );
+}
