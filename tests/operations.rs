@@ -70,32 +70,30 @@ async fn readyz_until(admin: SocketAddr, want: &str) -> String {
     }
 }
 
+/// A plain origin answering "up" on `addr`, until the task is aborted.
+async fn serve_on(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("rebind");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("up"))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_upstream() {
     // An origin we can stop and start again on the same port.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let origin_addr = listener.local_addr().expect("addr");
     drop(listener);
-    let serve = || async move {
-        let listener = tokio::net::TcpListener::bind(origin_addr)
-            .await
-            .expect("rebind");
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|_req| async {
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                            "up",
-                        ))))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        })
-    };
-    let origin = serve().await;
+    let origin = serve_on(origin_addr).await;
     let (client, admin) = start(origin_addr, |_| {}).await;
     readyz_until(admin, "HTTP/1.1 200").await;
     // A live subscription, then the origin goes away.
@@ -120,7 +118,7 @@ async fn readyz_follows_the_upstream() {
         "liveness stays up"
     );
     // The origin comes back: ready again.
-    let _back = serve().await;
+    let _back = serve_on(origin_addr).await;
     readyz_until(admin, "HTTP/1.1 200").await;
 }
 
