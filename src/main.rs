@@ -45,6 +45,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints a line to stdout, ignoring a closed stdout (a supervisor that
+/// read the banner and went away must not take the proxy down with it).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let demo = config.upstream.is_none();
     if demo {
@@ -57,16 +66,16 @@ async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send 
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = server.local_addr()?;
-    println!("braid-proxy listening on http://{addr}");
+    say!("braid-proxy listening on http://{addr}");
     if let Some(admin) = server.admin_addr() {
-        println!("braid-proxy admin listening on http://{admin}");
+        say!("braid-proxy admin listening on http://{admin}");
     }
     if demo {
-        println!("demo origin (plain REST) started; open http://{addr}/ in a browser, or try:");
-        println!("  curl -N -H 'Subscribe: true' http://{addr}/clock");
-        println!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
+        say!("demo origin (plain REST) started; open http://{addr}/ in a browser, or try:");
+        say!("  curl -N -H 'Subscribe: true' http://{addr}/clock");
+        say!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
     } else if let Some(upstream) = &config.upstream {
-        println!("proxying {upstream}");
+        say!("proxying {upstream}");
     }
     server.run(shutdown_signal()).await
 }

@@ -70,12 +70,14 @@ async fn readyz_until(admin: SocketAddr, want: &str) -> String {
     }
 }
 
-/// A plain origin answering "up" on `addr`, until the task is aborted.
+/// A plain origin answering "up" on `addr`, until the task is aborted;
+/// its connections end with it (a JoinSet aborts them when dropped).
 async fn serve_on(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.expect("rebind");
     tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let service = hyper::service::service_fn(|_req| async {
                     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("up"))))
                 });
