@@ -497,7 +497,8 @@ impl Config {
 }
 
 /// Every key a config file may hold.
-const KEYS: &[&str] = &[
+/// Every key of the configuration file (the flag names without `--`).
+pub const KEYS: &[&str] = &[
     "listen",
     "upstream",
     "admin-listen",

@@ -188,6 +188,37 @@ fn a_public_admin_listener_needs_a_token() {
 }
 
 #[test]
+fn the_sample_configuration_names_every_key_and_parses() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/deploy/braid-proxy.toml");
+    let text = std::fs::read_to_string(&path).expect("examples/deploy/braid-proxy.toml");
+    for key in braid_proxy::config::KEYS {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start_matches("# ").starts_with(&format!("{key} ="))),
+            "the sample does not show `{key}`"
+        );
+    }
+    let mut config = Config::default();
+    config.apply_toml(&path, &text).expect("the sample parses");
+    assert_eq!(config.listen, "0.0.0.0:8080".parse().expect("addr"));
+    assert_eq!(config.state_bytes, 256 * 1024 * 1024);
+    // With every commented key set too.
+    let all: String = text
+        .lines()
+        .map(|l| {
+            l.strip_prefix("# ")
+                .filter(|l| l.contains(" = "))
+                .unwrap_or(l)
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    Config::default()
+        .apply_toml(&path, &all)
+        .expect("every key parses");
+}
+
+#[test]
 fn json_logs_are_one_object_per_line() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
         .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
