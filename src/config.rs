@@ -82,6 +82,9 @@ pub struct Args {
     /// Bytes of all tracked states (bodies and keys) together; idle ones are evicted least recently used first [default: 256MiB]
     #[arg(long, value_name = "SIZE")]
     pub state_bytes: Option<String>,
+    /// Unsent bytes the kernel may hold per client connection (TCP_NOTSENT_LOWAT); a stalled subscriber then resumes with one collapsed update. 0 = the system's setting [default: 16KiB]
+    #[arg(long, value_name = "SIZE")]
+    pub notsent_lowat: Option<String>,
     /// Most resources tracked for one credential or not shareable; more get 503 [default: 10000]
     #[arg(long, value_name = "N")]
     pub max_private_resources: Option<String>,
@@ -193,6 +196,7 @@ pub struct Config {
     pub history_len: usize,
     pub history_bytes: u64,
     pub state_bytes: usize,
+    pub notsent_lowat: usize,
     pub max_private_resources: usize,
     /// Zero turns default heartbeats off.
     pub heartbeat: Duration,
@@ -228,6 +232,7 @@ impl Default for Config {
             history_len: 256,
             history_bytes: 64 * 1024 * 1024,
             state_bytes: 256 * 1024 * 1024,
+            notsent_lowat: 16 * 1024,
             max_private_resources: 10_000,
             heartbeat: Duration::from_secs(25),
             max_subscriptions: 100_000,
@@ -346,7 +351,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 28] = [
+        let pairs: [(&'static str, Option<String>); 29] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -362,6 +367,7 @@ impl Config {
             ("history-len", args.history_len),
             ("history-bytes", args.history_bytes),
             ("state-bytes", args.state_bytes),
+            ("notsent-lowat", args.notsent_lowat),
             ("max-private-resources", args.max_private_resources),
             ("heartbeat", args.heartbeat),
             ("max-subscriptions", args.max_subscriptions),
@@ -441,6 +447,9 @@ impl Config {
                 self.state_bytes = in_range(parse_size(v).map_err(e)?, 1 << 20, usize::MAX, key)?
             }
             "max-private-resources" => self.max_private_resources = parse_count(v).map_err(e)?,
+            "notsent-lowat" => {
+                self.notsent_lowat = in_range(parse_size(v).map_err(e)?, 0, 1 << 30, key)?
+            }
             "heartbeat" => self.heartbeat = parse_duration(v).map_err(e)?,
             "max-subscriptions" => self.max_subscriptions = parse_count(v).map_err(e)?,
             "max-subscriptions-per-resource" => {
@@ -514,6 +523,7 @@ pub const KEYS: &[&str] = &[
     "history-len",
     "history-bytes",
     "state-bytes",
+    "notsent-lowat",
     "max-private-resources",
     "heartbeat",
     "max-subscriptions",

@@ -177,6 +177,24 @@ async fn is_h2(stream: &TcpStream) -> std::io::Result<Option<bool>> {
     }
 }
 
+/// Caps the bytes the kernel holds unsent for this connection
+/// (`TCP_NOTSENT_LOWAT`): the socket reports writable only below it, so a
+/// stalled subscriber's updates wait in the proxy's shared window, where
+/// they collapse into one, and not in the kernel's send buffer. 0 = the
+/// system default.
+fn limit_unsent(stream: &TcpStream, lowat: usize) {
+    if lowat == 0 {
+        return;
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        let lowat = u32::try_from(lowat).unwrap_or(u32::MAX);
+        if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(lowat) {
+            tracing::debug!(error = %e, "TCP_NOTSENT_LOWAT not set");
+        }
+    }
+}
+
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -185,6 +203,7 @@ fn serve_connection(
     graceful: &GracefulShutdown,
 ) {
     let _ = stream.set_nodelay(true);
+    limit_unsent(&stream, router.config().notsent_lowat);
     let local = match stream.local_addr() {
         Ok(local) => local,
         Err(_) => return,
