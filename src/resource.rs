@@ -178,6 +178,7 @@ struct Window {
 /// The history shared by all resources, bounded by `--history-bytes`.
 pub struct History {
     steps: Cache<(u64, u64), Arc<Step>>,
+    evicted: Arc<std::sync::atomic::AtomicU64>,
     catch_ups: Cache<(u64, u64, u64), Bytes>,
     per_resource_len: usize,
     per_resource_bytes: usize,
@@ -185,9 +186,16 @@ pub struct History {
 
 impl History {
     pub fn new(total_bytes: u64, per_resource_len: usize) -> History {
+        let evicted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = evicted.clone();
         let steps = Cache::builder()
             .max_capacity(total_bytes)
             .weigher(|_, step: &Arc<Step>| step.weight)
+            .eviction_listener(move |_, _, cause| {
+                if cause == moka::notification::RemovalCause::Size {
+                    count.fetch_add(1, Relaxed);
+                }
+            })
             .build();
         let catch_ups = Cache::builder()
             .max_capacity((total_bytes / 4).max(1024 * 1024))
@@ -195,6 +203,7 @@ impl History {
             .build();
         History {
             steps,
+            evicted,
             catch_ups,
             per_resource_len,
             per_resource_bytes: usize::try_from(total_bytes).unwrap_or(usize::MAX),
@@ -204,6 +213,11 @@ impl History {
     /// Bytes currently held by all windows.
     pub fn weighted_size(&self) -> u64 {
         self.steps.weighted_size()
+    }
+
+    /// Steps evicted from the windows to keep them under `--history-bytes`.
+    pub fn evictions(&self) -> u64 {
+        self.evicted.load(Relaxed)
     }
 }
 

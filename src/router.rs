@@ -1,6 +1,7 @@
 //! The request pipeline: filter, route to the Braid side or pass through,
 //! and log one access line per request.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,6 +125,11 @@ impl Router {
             std::sync::atomic::Ordering::Relaxed,
         );
         let mut out = self.inner.metrics.render();
+        let _ = writeln!(
+            out,
+            "# HELP braid_proxy_history_evictions_total Steps evicted from the history windows to keep them under --history-bytes.\n# TYPE braid_proxy_history_evictions_total counter\nbraid_proxy_history_evictions_total {}",
+            self.inner.watchers.history.evictions()
+        );
         // How long ago each subscribed resource was last known current, as
         // one histogram (a series per URL would not be bounded).
         let ages = crate::metrics::Histogram::new(crate::metrics::AGE_BUCKETS);

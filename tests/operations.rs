@@ -158,6 +158,7 @@ async fn the_admin_token_guards_metrics_and_refresh() {
         "braid_proxy_upstream_response_seconds_bucket",
         "braid_proxy_validation_age_seconds_bucket",
         "braid_proxy_cache_hits_total",
+        "braid_proxy_history_evictions_total",
     ] {
         assert!(ok.contains(metric), "{metric} missing");
     }
