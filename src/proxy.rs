@@ -58,12 +58,31 @@ pub struct HealthState {
 }
 
 impl UpstreamHealth {
+    /// Records a success; logs the recovery when the upstream was down.
     pub fn ok(&self) {
-        self.lock().last_ok = Some(std::time::Instant::now());
+        let mut state = self.lock();
+        if let (Some((failed, _)), ok) = (&state.last_failure, state.last_ok) {
+            if ok.map_or(true, |ok| *failed > ok) {
+                tracing::info!(target: "upstream", "upstream answers again");
+            }
+        }
+        state.last_ok = Some(std::time::Instant::now());
     }
 
+    /// Records a failure. It is logged once when the upstream goes from
+    /// answering to failing (or the reason changes), not on every attempt.
     pub fn failed(&self, reason: String) {
-        self.lock().last_failure = Some((std::time::Instant::now(), reason));
+        let mut state = self.lock();
+        let was_down = match (&state.last_failure, state.last_ok) {
+            (Some((failed, previous)), ok) => {
+                ok.map_or(true, |ok| *failed > ok) && *previous == reason
+            }
+            (None, _) => false,
+        };
+        if !was_down {
+            tracing::warn!(target: "upstream", %reason, "upstream failing");
+        }
+        state.last_failure = Some((std::time::Instant::now(), reason));
     }
 
     pub fn snapshot(&self) -> HealthState {
