@@ -14,6 +14,7 @@ use crate::cache::{self, Reuse, Timing};
 use crate::config::Config;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
+use crate::multiplex::{self, Multiplexers};
 use crate::proxy::{self, ConnInfo, UpstreamClient};
 use crate::resource::{History, Key, Registry, RegistryLimits, Resource, State, Tuning};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
@@ -36,6 +37,7 @@ struct Inner {
     subscriptions: Subscriptions,
     cors: Cors,
     writes: Writes,
+    multiplexers: Multiplexers,
 }
 
 impl Router {
@@ -94,6 +96,7 @@ impl Router {
             subscriptions,
             cors,
             writes,
+            multiplexers: Multiplexers::new(multiplex::Limits::default()),
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -125,6 +128,7 @@ impl Router {
     /// Tells long-lived streams to end cleanly.
     pub fn begin_shutdown(&self) {
         self.inner.closing.send_replace(true);
+        self.inner.multiplexers.close_all();
     }
 
     /// A receiver that turns true when the proxy begins to shut down.
@@ -187,9 +191,8 @@ impl Router {
         if let Some(preflight) = inner.cors.preflight(&req) {
             return Ok(preflight);
         }
-        if req.uri().path().starts_with("/.well-known/multiplexer") && req.method() == Method::POST
-        {
-            return Err(Refusal::NoMultiplexing);
+        if let Some(intent) = multiplex::classify(&req, inner.multiplexers.limits())? {
+            return self.multiplexed(req, intent).await;
         }
         let braid = BraidRequest::parse(req.headers())?;
         let method = req.method().clone();
@@ -200,6 +203,30 @@ impl Router {
             Method::OPTIONS | Method::TRACE => self.pass_through(req).await,
             _ if writes::carries_patches(&req) => self.patch_write(req, braid).await,
             _ => self.unsafe_method(req).await,
+        }
+    }
+
+    /// A multiplexer request, or a request answered through a multiplexer:
+    /// routed as any other request (without its multiplexing headers), its
+    /// response put into the multiplexer and a 293 answered here.
+    async fn multiplexed(
+        &self,
+        mut req: Request<Incoming>,
+        intent: multiplex::Intent,
+    ) -> Result<Response<Body>, Refusal> {
+        let multiplexers = &self.inner.multiplexers;
+        match intent {
+            multiplex::Intent::Create(id) => multiplexers.create(id),
+            multiplex::Intent::Delete { mux, request } => multiplexers.delete(&mux, request.as_deref()),
+            multiplex::Intent::Through { mux, request } => {
+                let reservation = multiplexers.reserve(&mux, &request).await?;
+                multiplex::strip(&mut req);
+                let response = match Box::pin(self.route(req)).await {
+                    Ok(response) => response,
+                    Err(refusal) => refusal.into_response(),
+                };
+                Ok(reservation.attach(response))
+            }
         }
     }
 
