@@ -121,7 +121,11 @@ pub fn classify<B>(req: &Request<B>, limits: &Limits) -> Result<Option<Intent>, 
         }));
     }
     // braid-http ignores Multiplex-Through without the version it speaks.
-    let Some(through) = req.headers().get("multiplex-through").filter(|_| version_ok) else {
+    let Some(through) = req
+        .headers()
+        .get("multiplex-through")
+        .filter(|_| version_ok)
+    else {
         return Ok(None);
     };
     let text = through
@@ -616,5 +620,84 @@ impl Drop for MuxBody {
             std::mem::take(&mut state.requests)
         };
         drop(requests);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf;
+    use http_body_util::BodyExt;
+
+    fn req(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("request")
+    }
+
+    #[test]
+    fn classifies_every_form() {
+        let l = Limits::default();
+        let v = [("multiplex-version", "1.0")];
+        let create = req("POST", "/.well-known/multiplexer/abc", &v);
+        assert_eq!(
+            classify(&create, &l).ok().flatten(),
+            Some(Intent::Create("abc".into()))
+        );
+        let method = req("MULTIPLEX", "/abc", &v);
+        assert_eq!(
+            classify(&method, &l).ok().flatten(),
+            Some(Intent::Create("abc".into()))
+        );
+        let delete = req("DELETE", "/.well-known/multiplexer/abc/r", &v);
+        assert_eq!(
+            classify(&delete, &l).ok().flatten(),
+            Some(Intent::Delete {
+                mux: "abc".into(),
+                request: Some("r".into())
+            })
+        );
+        for through in [
+            "/.well-known/multiplexer/m/r",
+            "https://host:1/.well-known/multiplexer/m/r",
+        ] {
+            let get = req("GET", "/doc", &[v[0], ("multiplex-through", through)]);
+            assert_eq!(
+                classify(&get, &l).ok().flatten(),
+                Some(Intent::Through {
+                    mux: "m".into(),
+                    request: "r".into()
+                })
+            );
+        }
+        // Without the version, Multiplex-Through is ignored (as braid-http does).
+        let old = req(
+            "GET",
+            "/doc",
+            &[("multiplex-through", "/.well-known/multiplexer/m/r")],
+        );
+        assert_eq!(classify(&old, &l).ok().flatten(), None);
+        assert!(classify(&req("POST", "/.well-known/multiplexer/abc", &[]), &l).is_err());
+        assert!(classify(&req("GET", "/.well-known/multiplexer/m/r", &v), &l).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_multiplexer_without_requests_ends_after_the_idle_time() {
+        let muxes = Multiplexers::new(Limits {
+            idle: Duration::from_secs(2),
+            ..Limits::default()
+        });
+        let response = muxes.create("idle".into()).expect("created");
+        assert_eq!(muxes.len(), 1);
+        let mut body = response.into_body();
+        let first = body.frame().await.expect("frame").expect("ok");
+        assert_eq!(first.into_data().ok().map(|c| c.remaining()), Some(2));
+        let started = Instant::now();
+        assert!(body.frame().await.is_none(), "ends");
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        drop(body);
+        assert!(muxes.is_empty(), "forgotten once its body is gone");
     }
 }

@@ -217,7 +217,9 @@ impl Router {
         let multiplexers = &self.inner.multiplexers;
         match intent {
             multiplex::Intent::Create(id) => multiplexers.create(id),
-            multiplex::Intent::Delete { mux, request } => multiplexers.delete(&mux, request.as_deref()),
+            multiplex::Intent::Delete { mux, request } => {
+                multiplexers.delete(&mux, request.as_deref())
+            }
             multiplex::Intent::Through { mux, request } => {
                 let reservation = multiplexers.reserve(&mux, &request).await?;
                 multiplex::strip(&mut req);

@@ -1,6 +1,6 @@
 //! The Braid side against a real origin on 127.0.0.1:0, over raw sockets:
 //! the refresh hook, plain GETs from state (304), subscription caps, CORS,
-//! the multiplexer fallback, and origin bodies over the limit.
+//! and origin bodies over the limit (multiplexing: tests/multiplex.rs).
 
 mod common;
 
@@ -262,20 +262,6 @@ async fn cors_preflight_and_exposed_headers() {
             .contains("access-control-allow-origin"),
         "{other}"
     );
-}
-
-#[tokio::test]
-async fn multiplexer_post_gets_a_fallback_answer() {
-    let origin = Origin::default();
-    let addr = origin.start().await;
-    let p = proxy(addr, |_| {}).await;
-    let post = "POST /.well-known/multiplexer/abc HTTP/1.1\r\nHost: x\r\nMultiplex-Version: 1.0\r\nContent-Length: 0\r\n\r\n";
-    let (_, answer) = exchange(p.addr, post, "\r\n\r\n").await;
-    assert!(
-        answer.starts_with("HTTP/1.1 404"),
-        "not 2xx, 408, 429 or 5xx, so braid-http falls back: {answer}"
-    );
-    assert_eq!(origin.gets.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
