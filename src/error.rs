@@ -48,7 +48,7 @@ pub enum Refusal {
     UnknownMultiplexedRequest(String),
     /// A multiplexer or multiplexed request id already in use: braid-http's
     /// client reads the JSON body's `error` to tell the two apart.
-    #[error("{}", serde_json::json!({ "error": error, "details": details }))]
+    #[error("{{\"error\":{},\"details\":{}}}", serde_json::Value::from(*error), serde_json::Value::from(details.as_str()))]
     MultiplexConflict {
         error: &'static str,
         details: String,

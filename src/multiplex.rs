@@ -11,7 +11,8 @@
 //!   as `start response r`, `N bytes for response r` + N bytes, and
 //!   `close response r`.
 //! - `DELETE /.well-known/multiplexer/<m>/<r>` ends request `r`;
-//!   `DELETE /.well-known/multiplexer/<m>` ends the whole multiplexer.
+//!   `DELETE /.well-known/multiplexer/<m>` ends the whole multiplexer
+//!   (`MULTIPLEX /<m>/<r>` ends a request too, as braid-http's server has it).
 //!
 //! Flow control: the multiplexer holds no queue. Its body polls the inner
 //! bodies round-robin, one frame at a time, and only when hyper asks for
@@ -110,14 +111,15 @@ pub fn classify<B>(req: &Request<B>, limits: &Limits) -> Result<Option<Intent>, 
             .next()
             .map(|r| checked_id(Some(r), "request", limits))
             .transpose()?;
+        // As braid-http's server does, any method naming a request ends it;
+        // DELETE naming only the multiplexer ends the multiplexer.
         return Ok(Some(match (req.method(), request) {
-            (&Method::DELETE, request) => Intent::Delete { mux, request },
+            (_, Some(request)) => Intent::Delete {
+                mux,
+                request: Some(request),
+            },
+            (&Method::DELETE, None) => Intent::Delete { mux, request: None },
             (_, None) => Intent::Create(mux),
-            (_, Some(request)) => {
-                return Err(Refusal::BadMultiplexer(format!(
-                    "only DELETE applies to multiplexed request {request}"
-                )))
-            }
         }));
     }
     // braid-http ignores Multiplex-Through without the version it speaks.
@@ -680,7 +682,14 @@ mod tests {
         );
         assert_eq!(classify(&old, &l).ok().flatten(), None);
         assert!(classify(&req("POST", "/.well-known/multiplexer/abc", &[]), &l).is_err());
-        assert!(classify(&req("GET", "/.well-known/multiplexer/m/r", &v), &l).is_err());
+        let close = req("MULTIPLEX", "/m/r", &v);
+        assert_eq!(
+            classify(&close, &l).ok().flatten(),
+            Some(Intent::Delete {
+                mux: "m".into(),
+                request: Some("r".into())
+            })
+        );
     }
 
     #[tokio::test(start_paused = true)]
