@@ -639,57 +639,51 @@ mod tests {
         b.body(()).expect("request")
     }
 
+    fn intent(method: &str, path: &str, headers: &[(&str, &str)]) -> Option<Intent> {
+        classify(&req(method, path, headers), &Limits::default())
+            .ok()
+            .flatten()
+    }
+
+    fn delete(mux: &str, request: Option<&str>) -> Option<Intent> {
+        Some(Intent::Delete {
+            mux: mux.into(),
+            request: request.map(Into::into),
+        })
+    }
+
     #[test]
     fn classifies_every_form() {
-        let l = Limits::default();
-        let v = [("multiplex-version", "1.0")];
-        let create = req("POST", "/.well-known/multiplexer/abc", &v);
+        let v = ("multiplex-version", "1.0");
+        let create = Some(Intent::Create("abc".into()));
+        assert_eq!(intent("POST", "/.well-known/multiplexer/abc", &[v]), create);
+        assert_eq!(intent("MULTIPLEX", "/abc", &[v]), create);
+        let del = intent("DELETE", "/.well-known/multiplexer/abc/r", &[v]);
+        assert_eq!(del, delete("abc", Some("r")));
+        assert_eq!(intent("MULTIPLEX", "/m/r", &[v]), delete("m", Some("r")));
         assert_eq!(
-            classify(&create, &l).ok().flatten(),
-            Some(Intent::Create("abc".into()))
+            intent("DELETE", "/.well-known/multiplexer/m", &[v]),
+            delete("m", None)
         );
-        let method = req("MULTIPLEX", "/abc", &v);
-        assert_eq!(
-            classify(&method, &l).ok().flatten(),
-            Some(Intent::Create("abc".into()))
-        );
-        let delete = req("DELETE", "/.well-known/multiplexer/abc/r", &v);
-        assert_eq!(
-            classify(&delete, &l).ok().flatten(),
-            Some(Intent::Delete {
-                mux: "abc".into(),
-                request: Some("r".into())
-            })
-        );
-        for through in [
+        let through = Some(Intent::Through {
+            mux: "m".into(),
+            request: "r".into(),
+        });
+        for value in [
             "/.well-known/multiplexer/m/r",
             "https://host:1/.well-known/multiplexer/m/r",
         ] {
-            let get = req("GET", "/doc", &[v[0], ("multiplex-through", through)]);
             assert_eq!(
-                classify(&get, &l).ok().flatten(),
-                Some(Intent::Through {
-                    mux: "m".into(),
-                    request: "r".into()
-                })
+                intent("GET", "/doc", &[v, ("multiplex-through", value)]),
+                through
             );
         }
         // Without the version, Multiplex-Through is ignored (as braid-http does).
-        let old = req(
-            "GET",
-            "/doc",
-            &[("multiplex-through", "/.well-known/multiplexer/m/r")],
-        );
-        assert_eq!(classify(&old, &l).ok().flatten(), None);
+        let old = [("multiplex-through", "/.well-known/multiplexer/m/r")];
+        assert_eq!(intent("GET", "/doc", &old), None);
+        let l = Limits::default();
         assert!(classify(&req("POST", "/.well-known/multiplexer/abc", &[]), &l).is_err());
-        let close = req("MULTIPLEX", "/m/r", &v);
-        assert_eq!(
-            classify(&close, &l).ok().flatten(),
-            Some(Intent::Delete {
-                mux: "m".into(),
-                request: Some("r".into())
-            })
-        );
+        assert!(classify(&req("POST", "/.well-known/multiplexer/a.b", &[v]), &l).is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -170,10 +170,7 @@ impl Router {
         }
         // Every answer names this proxy in Via (RFC 9110 §7.6.3): passed
         // through, served from state, a 209, or the proxy's own error.
-        let proxy_id = &self.inner.config.proxy_id;
-        if !proxy::via_names(response.headers(), proxy_id) {
-            proxy::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
-        }
+        self.name_in_via(&mut response);
         info!(
             target: "access",
             peer = %conn.peer,
@@ -182,6 +179,13 @@ impl Router {
             started.elapsed().as_secs_f64() * 1000.0
         );
         response
+    }
+
+    fn name_in_via(&self, response: &mut Response<Body>) {
+        let proxy_id = &self.inner.config.proxy_id;
+        if !proxy::via_names(response.headers(), proxy_id) {
+            proxy::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
+        }
     }
 
     async fn route(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
@@ -223,10 +227,11 @@ impl Router {
             multiplex::Intent::Through { mux, request } => {
                 let reservation = multiplexers.reserve(&mux, &request).await?;
                 multiplex::strip(&mut req);
-                let response = match Box::pin(self.route(req)).await {
+                let mut response = match Box::pin(self.route(req)).await {
                     Ok(response) => response,
                     Err(refusal) => refusal.into_response(),
                 };
+                self.name_in_via(&mut response);
                 Ok(reservation.attach(response))
             }
         }

@@ -7,11 +7,11 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use common::origin::Origin;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -20,60 +20,6 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A plain origin: path → (body, etag). Counts GETs.
-#[derive(Clone, Default)]
-struct Origin {
-    docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
-    gets: Arc<AtomicUsize>,
-}
-
-impl Origin {
-    fn set(&self, path: &str, body: impl Into<Bytes>) {
-        let mut docs = self.docs.lock().expect("lock");
-        let n = docs.get(path).map_or(1, |(_, n)| n + 1);
-        docs.insert(path.to_string(), (body.into(), n));
-    }
-
-    async fn start(&self) -> SocketAddr {
-        let origin = self.clone();
-        common::serve(move |req| origin.answer(req)).await
-    }
-
-    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        let doc = self
-            .docs
-            .lock()
-            .expect("lock")
-            .get(req.uri().path())
-            .cloned();
-        let Some((body, n)) = doc else {
-            return Response::builder()
-                .status(404)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        };
-        let etag = format!("\"e{n}\"");
-        if req
-            .headers()
-            .get("if-none-match")
-            .and_then(|v| v.to_str().ok())
-            == Some(&etag)
-        {
-            return Response::builder()
-                .status(304)
-                .header("etag", etag)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        }
-        Response::builder()
-            .header("etag", etag)
-            .header("content-type", "text/plain")
-            .body(Full::new(body))
-            .expect("response")
-    }
-}
 
 /// Sends one request on a fresh connection.
 async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Response<Incoming> {
@@ -99,6 +45,11 @@ fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<Full<B
     b.body(Full::new(Bytes::new())).expect("request")
 }
 
+/// A request with `Multiplex-Version: 1.0`, as every multiplexer request has.
+fn versioned(method: &str, path: &str) -> Request<Full<Bytes>> {
+    request(method, path, &[("multiplex-version", "1.0")])
+}
+
 fn through(mux: &str, rid: &str, path: &str) -> Request<Full<Bytes>> {
     let value = format!("/.well-known/multiplexer/{mux}/{rid}");
     request(
@@ -114,11 +65,7 @@ fn through(mux: &str, rid: &str, path: &str) -> Request<Full<Bytes>> {
 
 async fn open(addr: SocketAddr, mux: &str) -> Mux {
     let path = format!("/.well-known/multiplexer/{mux}");
-    let response = send(
-        addr,
-        request("POST", &path, &[("multiplex-version", "1.0")]),
-    )
-    .await;
+    let response = send(addr, versioned("POST", &path)).await;
     assert_eq!(response.status(), 200);
     let h = response.headers();
     assert_eq!(h["multiplex-version"], "1.0");
@@ -215,6 +162,14 @@ impl Mux {
     }
 }
 
+/// An origin holding `body` at `path`, and a proxy in front of it.
+async fn setup(path: &str, body: impl Into<Bytes>) -> (Origin, SocketAddr, SocketAddr) {
+    let origin = Origin::default();
+    origin.set(path, body);
+    let (addr, admin) = common::proxy_for(origin.start().await, |_| {}).await;
+    (origin, addr, admin)
+}
+
 async fn refresh(admin: SocketAddr, path: &str) {
     let response = send(
         admin,
@@ -240,9 +195,7 @@ async fn expect_293(addr: SocketAddr, req: Request<Full<Bytes>>) {
 
 #[tokio::test]
 async fn a_dozen_subscriptions_share_one_stream_and_one_watcher() {
-    let origin = Origin::default();
-    origin.set("/doc", "version one");
-    let (addr, admin) = common::proxy_for(origin.start().await, |_| {}).await;
+    let (origin, addr, admin) = setup("/doc", "version one").await;
     let mut mux = open(addr, "m12").await;
     for i in 0..12 {
         expect_293(addr, through("m12", &format!("r{i}"), "/doc")).await;
@@ -276,9 +229,7 @@ async fn a_dozen_subscriptions_share_one_stream_and_one_watcher() {
 
 #[tokio::test]
 async fn a_request_that_comes_before_its_multiplexer_is_held() {
-    let origin = Origin::default();
-    origin.set("/doc", "early");
-    let (addr, _) = common::proxy_for(origin.start().await, |_| {}).await;
+    let (_, addr, _) = setup("/doc", "early").await;
     let early = tokio::spawn(async move { send(addr, through("late", "r1", "/doc")).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut mux = open(addr, "late").await;
@@ -292,9 +243,7 @@ async fn a_request_that_comes_before_its_multiplexer_is_held() {
 
 #[tokio::test]
 async fn unknown_multiplexers_are_424_and_duplicates_409() {
-    let origin = Origin::default();
-    origin.set("/doc", "x");
-    let (addr, _) = common::proxy_for(origin.start().await, |_| {}).await;
+    let (_, addr, _) = setup("/doc", "x").await;
     let started = std::time::Instant::now();
     let answer = send(addr, through("nowhere", "r1", "/doc")).await;
     assert_eq!(answer.status(), 424);
@@ -305,15 +254,7 @@ async fn unknown_multiplexers_are_424_and_duplicates_409() {
     );
 
     let _mux = open(addr, "dup").await;
-    let again = send(
-        addr,
-        request(
-            "POST",
-            "/.well-known/multiplexer/dup",
-            &[("multiplex-version", "1.0")],
-        ),
-    )
-    .await;
+    let again = send(addr, versioned("POST", "/.well-known/multiplexer/dup")).await;
     assert_eq!(again.status(), 409);
     let body = again.into_body().collect().await.expect("body").to_bytes();
     let json: serde_json::Value = serde_json::from_slice(&body).expect("json");
@@ -327,26 +268,16 @@ async fn unknown_multiplexers_are_424_and_duplicates_409() {
     assert_eq!(json["error"], "Request already multiplexed");
 
     // The MULTIPLEX method creates one too, and the same id is taken.
-    let method = send(
-        addr,
-        request("MULTIPLEX", "/dup", &[("multiplex-version", "1.0")]),
-    )
-    .await;
+    let method = send(addr, versioned("MULTIPLEX", "/dup")).await;
     assert_eq!(method.status(), 409);
-    let fresh = send(
-        addr,
-        request("MULTIPLEX", "/viamethod", &[("multiplex-version", "1.0")]),
-    )
-    .await;
+    let fresh = send(addr, versioned("MULTIPLEX", "/viamethod")).await;
     assert_eq!(fresh.status(), 200);
     assert_eq!(fresh.headers()["multiplex-version"], "1.0");
 }
 
 #[tokio::test]
 async fn delete_ends_a_request_then_the_multiplexer() {
-    let origin = Origin::default();
-    origin.set("/doc", "x");
-    let (addr, _) = common::proxy_for(origin.start().await, |_| {}).await;
+    let (_, addr, _) = setup("/doc", "x").await;
     let mut mux = open(addr, "del").await;
     expect_293(addr, through("del", "a", "/doc")).await;
     // An absolute URL in Multiplex-Through names the same multiplexer.
@@ -368,39 +299,24 @@ async fn delete_ends_a_request_then_the_multiplexer() {
     })
     .await;
 
-    let v = [("multiplex-version", "1.0")];
-    let gone = send(
-        addr,
-        request("DELETE", "/.well-known/multiplexer/del/a", &v),
-    )
-    .await;
+    let gone = send(addr, versioned("DELETE", "/.well-known/multiplexer/del/a")).await;
     assert_eq!(gone.status(), 200);
     assert_eq!(gone.headers()["multiplex-version"], "1.0");
-    let unknown = send(
-        addr,
-        request("DELETE", "/.well-known/multiplexer/del/a", &v),
-    )
-    .await;
+    let unknown = send(addr, versioned("DELETE", "/.well-known/multiplexer/del/a")).await;
     assert_eq!(unknown.status(), 404);
     assert_eq!(unknown.headers()["bad-request"], "a");
 
-    let whole = send(addr, request("DELETE", "/.well-known/multiplexer/del", &v)).await;
+    let whole = send(addr, versioned("DELETE", "/.well-known/multiplexer/del")).await;
     assert_eq!(whole.status(), 200);
     assert!(mux.ends().await, "the multiplexer's stream ends");
-    let missing = send(
-        addr,
-        request("DELETE", "/.well-known/multiplexer/del/b", &v),
-    )
-    .await;
+    let missing = send(addr, versioned("DELETE", "/.well-known/multiplexer/del/b")).await;
     assert_eq!(missing.status(), 404);
     assert_eq!(missing.headers()["bad-multiplexer"], "del");
 }
 
 #[tokio::test]
 async fn a_plain_get_travels_whole_and_closes() {
-    let origin = Origin::default();
-    origin.set("/plain", "plain body");
-    let (addr, _) = common::proxy_for(origin.start().await, |_| {}).await;
+    let (_, addr, _) = setup("/plain", "plain body").await;
     let mut mux = open(addr, "plain").await;
     let req = request(
         "GET",
@@ -428,21 +344,9 @@ async fn malformed_and_over_bound_requests_are_refused() {
     let no_version = send(addr, request("POST", "/.well-known/multiplexer/x", &[])).await;
     assert_eq!(no_version.status(), 400);
     let long = format!("/.well-known/multiplexer/{}", "a".repeat(65));
-    let too_long = send(
-        addr,
-        request("POST", &long, &[("multiplex-version", "1.0")]),
-    )
-    .await;
+    let too_long = send(addr, versioned("POST", &long)).await;
     assert_eq!(too_long.status(), 400);
-    let odd = send(
-        addr,
-        request(
-            "POST",
-            "/.well-known/multiplexer/a.b",
-            &[("multiplex-version", "1.0")],
-        ),
-    )
-    .await;
+    let odd = send(addr, versioned("POST", "/.well-known/multiplexer/a.b")).await;
     assert_eq!(odd.status(), 400);
     let body = odd.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(body.iter().filter(|b| **b == b'\n').count(), 1, "one line");
