@@ -568,6 +568,10 @@ fn next_frame(
     finished: &mut Vec<Inner>,
 ) -> Option<(Bytes, Option<Chunk>)> {
     let n = state.requests.len();
+    // A request that yielded something other than data (trailers, an empty
+    // chunk) may have more at once; poll again soon rather than wait for a
+    // wake-up it will not send.
+    let mut again = false;
     for step in 0..n {
         let at = (*next + step) % n;
         let inner = &mut state.requests[at];
@@ -578,12 +582,14 @@ fn next_frame(
         match Pin::new(&mut inner.body).poll_frame(cx) {
             Poll::Pending => continue,
             Poll::Ready(Some(Ok(frame))) => {
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers have no place in the framing
+                // Trailers have no place in the framing; empty chunks need none.
+                let data = match frame.into_data() {
+                    Ok(data) if bytes::Buf::remaining(&data) > 0 => data,
+                    _ => {
+                        again = true;
+                        continue;
+                    }
                 };
-                if bytes::Buf::remaining(&data) == 0 {
-                    continue;
-                }
                 let mut header = BytesMut::new();
                 frame_header(&mut header, bytes::Buf::remaining(&data), &inner.id);
                 *next = at + 1;
@@ -600,6 +606,9 @@ fn next_frame(
                 return Some((close, None));
             }
         }
+    }
+    if again {
+        cx.waker().wake_by_ref();
     }
     None
 }
@@ -684,6 +693,34 @@ mod tests {
         let l = Limits::default();
         assert!(classify(&req("POST", "/.well-known/multiplexer/abc", &[]), &l).is_err());
         assert!(classify(&req("POST", "/.well-known/multiplexer/a.b", &[v]), &l).is_err());
+    }
+
+    #[tokio::test]
+    async fn bounds_give_503s() {
+        let muxes = Multiplexers::new(Limits {
+            max_multiplexers: 1,
+            max_requests: 1,
+            ..Limits::default()
+        });
+        let _first = muxes.create("one".into()).expect("created");
+        let refused = muxes
+            .create("two".into())
+            .map(|_| ())
+            .expect_err("over the bound");
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let _held = muxes.reserve("one", "r1").await.expect("reserved");
+        let full = muxes
+            .reserve("one", "r2")
+            .await
+            .map(|_| ())
+            .expect_err("full");
+        assert_eq!(full.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let dup = muxes
+            .reserve("one", "r1")
+            .await
+            .map(|_| ())
+            .expect_err("taken");
+        assert_eq!(dup.status(), StatusCode::CONFLICT);
     }
 
     #[tokio::test(start_paused = true)]
