@@ -66,6 +66,11 @@ pub async fn serve(listener: TcpListener) {
             "application/json",
         );
         s.put("/clock", clock_text(0), "text/plain; charset=utf-8");
+        s.put(
+            "/braid-http-client.js",
+            braid_http_client(),
+            "text/javascript; charset=utf-8",
+        );
     }
     let ticking = store.clone();
     tokio::spawn(async move {
@@ -192,30 +197,25 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-/// The demo's index page: subscribes to /clock with fetch streaming and
-/// shows the raw Braid-HTTP updates as they arrive.
-const INDEX: &str = r#"<!doctype html>
-<meta charset="utf-8">
-<title>braid-proxy demo</title>
-<style>body{font:15px system-ui;margin:2em;max-width:50em}pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}</style>
-<h1>braid-proxy demo</h1>
-<p>This page subscribes to <code>/clock</code> through the proxy (<code>Subscribe: true</code>).
-The demo origin is plain REST; the proxy polls it, versions it and streams patches.
-Below is the raw subscription stream as it arrives.</p>
-<pre id="out"></pre>
-<script>
-(async () => {
-  const out = document.getElementById('out');
-  const res = await fetch('/clock', {headers: {Subscribe: 'true'}});
-  out.textContent = 'HTTP ' + res.status + '\n\n';
-  const reader = res.body.getReader();
-  const decoder = new TextDecoder();
-  for (;;) {
-    const {value, done} = await reader.read();
-    if (done) break;
-    out.textContent += decoder.decode(value, {stream: true});
-    if (out.textContent.length > 20000) out.textContent = out.textContent.slice(-10000);
-  }
-})();
-</script>
-"#;
+/// The demo's index page: the live example of examples/browser/, which
+/// subscribes to the documents through the proxy with braid-http's client.
+const INDEX: &str = include_str!("../examples/browser/index.html");
+
+/// Where the page's braid-http browser client is read from: the npm
+/// package the conformance tests pin (no CDN), unless `BRAID_HTTP_CLIENT`
+/// names another copy.
+fn braid_http_client() -> Bytes {
+    let path = std::env::var("BRAID_HTTP_CLIENT").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/conformance-tests/node_modules/braid-http/braid-http-client.js"
+        )
+        .to_string()
+    });
+    match std::fs::read(&path) {
+        Ok(js) => Bytes::from(js),
+        Err(e) => Bytes::from(format!(
+            "document.body.prepend('braid-http-client.js is missing ({path}: {e}); run: npm ci --prefix conformance-tests')\n"
+        )),
+    }
+}

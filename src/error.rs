@@ -35,8 +35,24 @@ pub enum Refusal {
     Loop(String),
     #[error("not found")]
     NotFound,
-    #[error("multiplexing is not supported here; send each subscription as its own request")]
-    NoMultiplexing,
+    /// A malformed multiplexer request (version, ids, path).
+    #[error("{0}")]
+    BadMultiplexer(String),
+    /// A request for a multiplexer that does not exist: 424 for a request
+    /// through it, 404 for a DELETE (braid-http's statuses), with
+    /// `Bad-Multiplexer` naming it.
+    #[error("multiplexer {id} does not exist")]
+    UnknownMultiplexer { id: String, status: StatusCode },
+    /// A DELETE of a request the multiplexer does not hold (`Bad-Request` names it).
+    #[error("request {0} does not exist in this multiplexer")]
+    UnknownMultiplexedRequest(String),
+    /// A multiplexer or multiplexed request id already in use: braid-http's
+    /// client reads the JSON body's `error` to tell the two apart.
+    #[error("{{\"error\":{},\"details\":{}}}", serde_json::Value::from(*error), serde_json::Value::from(details.as_str()))]
+    MultiplexConflict {
+        error: &'static str,
+        details: String,
+    },
     #[error("method not allowed")]
     MethodNotAllowed(&'static str),
     /// A patch write that would lose an update: its `Parents` are not the
@@ -73,7 +89,10 @@ impl Refusal {
             Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Loop(_) => StatusCode::LOOP_DETECTED,
-            Refusal::NotFound | Refusal::NoMultiplexing => StatusCode::NOT_FOUND,
+            Refusal::NotFound | Refusal::UnknownMultiplexedRequest(_) => StatusCode::NOT_FOUND,
+            Refusal::BadMultiplexer(_) => StatusCode::BAD_REQUEST,
+            Refusal::UnknownMultiplexer { status, .. } => *status,
+            Refusal::MultiplexConflict { .. } => StatusCode::CONFLICT,
             Refusal::Conflict { .. } => StatusCode::CONFLICT,
             Refusal::BadPatch(_) => StatusCode::BAD_REQUEST,
             Refusal::RangeNotSatisfiable(_) => StatusCode::RANGE_NOT_SATISFIABLE,
@@ -109,6 +128,22 @@ impl Refusal {
             }
             Refusal::MethodNotAllowed(allow) => {
                 headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            Refusal::UnknownMultiplexer { id, .. } => {
+                if let Ok(v) = HeaderValue::from_str(&id) {
+                    headers.insert("bad-multiplexer", v);
+                }
+            }
+            Refusal::UnknownMultiplexedRequest(id) => {
+                if let Ok(v) = HeaderValue::from_str(&id) {
+                    headers.insert("bad-request", v);
+                }
+            }
+            Refusal::MultiplexConflict { .. } => {
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
             }
             Refusal::Conflict { current, .. } if !current.is_empty() => {
                 if let Ok(v) = HeaderValue::from_str(&current) {

@@ -9,6 +9,7 @@
 //! - [`proxy`]: pass-through proxying to the one configured upstream.
 //! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
 //! - [`diff`]: old body + new body → patches.
+//! - [`multiplex`]: braid-http's multiplexing: many responses in one stream.
 //! - [`writes`]: Braid patch writes applied onto plain origins under `If-Match`.
 //! - [`admin`]: metrics, health, and the refresh hook.
 //! - [`demo`]: the embedded demo origin.
@@ -27,6 +28,7 @@ pub mod demo;
 pub mod diff;
 pub mod error;
 pub mod metrics;
+pub mod multiplex;
 pub mod proxy;
 pub mod resource;
 pub mod router;

@@ -15,6 +15,7 @@ use crate::cache::{self, Reuse, Timing};
 use crate::config::Config;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
+use crate::multiplex::{self, Multiplexers};
 use crate::proxy::{self, ConnInfo, UpstreamClient};
 use crate::resource::{History, Key, Registry, RegistryLimits, Resource, State, Tuning};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
@@ -37,6 +38,7 @@ struct Inner {
     subscriptions: Subscriptions,
     cors: Cors,
     writes: Writes,
+    multiplexers: Multiplexers,
 }
 
 impl Router {
@@ -95,6 +97,7 @@ impl Router {
             subscriptions,
             cors,
             writes,
+            multiplexers: Multiplexers::new(multiplex::Limits::default()),
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -204,6 +207,7 @@ impl Router {
     /// Tells long-lived streams to end cleanly.
     pub fn begin_shutdown(&self) {
         self.inner.closing.send_replace(true);
+        self.inner.multiplexers.close_all();
     }
 
     /// A receiver that turns true when the proxy begins to shut down.
@@ -245,10 +249,7 @@ impl Router {
         }
         // Every answer names this proxy in Via (RFC 9110 §7.6.3): passed
         // through, served from state, a 209, or the proxy's own error.
-        let proxy_id = &self.inner.config.proxy_id;
-        if !proxy::via_names(response.headers(), proxy_id) {
-            proxy::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
-        }
+        self.name_in_via(&mut response);
         info!(
             target: "access",
             peer = %conn.peer,
@@ -259,6 +260,13 @@ impl Router {
         response
     }
 
+    fn name_in_via(&self, response: &mut Response<Body>) {
+        let proxy_id = &self.inner.config.proxy_id;
+        if !proxy::via_names(response.headers(), proxy_id) {
+            proxy::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
+        }
+    }
+
     async fn route(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
         let config = &inner.config;
@@ -266,9 +274,8 @@ impl Router {
         if let Some(preflight) = inner.cors.preflight(&req) {
             return Ok(preflight);
         }
-        if req.uri().path().starts_with("/.well-known/multiplexer") && req.method() == Method::POST
-        {
-            return Err(Refusal::NoMultiplexing);
+        if let Some(intent) = multiplex::classify(&req, inner.multiplexers.limits())? {
+            return self.multiplexed(req, intent).await;
         }
         let braid = BraidRequest::parse(req.headers())?;
         let method = req.method().clone();
@@ -279,6 +286,33 @@ impl Router {
             Method::OPTIONS | Method::TRACE => self.pass_through(req).await,
             _ if writes::carries_patches(&req) => self.patch_write(req, braid).await,
             _ => self.unsafe_method(req).await,
+        }
+    }
+
+    /// A multiplexer request, or a request answered through a multiplexer:
+    /// routed as any other request (without its multiplexing headers), its
+    /// response put into the multiplexer and a 293 answered here.
+    async fn multiplexed(
+        &self,
+        mut req: Request<Incoming>,
+        intent: multiplex::Intent,
+    ) -> Result<Response<Body>, Refusal> {
+        let multiplexers = &self.inner.multiplexers;
+        match intent {
+            multiplex::Intent::Create(id) => multiplexers.create(id),
+            multiplex::Intent::Delete { mux, request } => {
+                multiplexers.delete(&mux, request.as_deref())
+            }
+            multiplex::Intent::Through { mux, request } => {
+                let reservation = multiplexers.reserve(&mux, &request).await?;
+                multiplex::strip(&mut req);
+                let mut response = match Box::pin(self.route(req)).await {
+                    Ok(response) => response,
+                    Err(refusal) => refusal.into_response(),
+                };
+                self.name_in_via(&mut response);
+                Ok(reservation.attach(response))
+            }
         }
     }
 

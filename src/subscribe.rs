@@ -436,8 +436,8 @@ pub struct Cors {
 }
 
 const CORS_ALLOW_HEADERS: &str = "Subscribe, Version, Parents, Peer, Heartbeats, Merge-Type, Content-Range, Patches, Multiplex-Through, Multiplex-Version, Content-Type, Cache-Control";
-const CORS_EXPOSE_HEADERS: &str = "Version, Parents, Current-Version, Heartbeats, Subscribe, Retry-After, Multiplex-Version, Repr-Digest, ETag, Content-Range, Patches";
-const CORS_ALLOW_METHODS: &str = "GET, HEAD, PUT, POST, PATCH, DELETE, OPTIONS";
+const CORS_EXPOSE_HEADERS: &str = "Version, Parents, Current-Version, Heartbeats, Subscribe, Retry-After, Multiplex-Version, Multiplex-Through, Bad-Multiplexer, Bad-Request, Repr-Digest, ETag, Content-Range, Patches";
+const CORS_ALLOW_METHODS: &str = "GET, HEAD, PUT, POST, PATCH, DELETE, OPTIONS, MULTIPLEX";
 
 impl Cors {
     pub fn new(origins: Vec<String>) -> Cors {

@@ -1,79 +1,19 @@
 //! The Braid side against a real origin on 127.0.0.1:0, over raw sockets:
 //! the refresh hook, plain GETs from state (304), subscription caps, CORS,
-//! the multiplexer fallback, and origin bodies over the limit.
+//! and origin bodies over the limit (multiplexing: tests/multiplex.rs).
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use braid_proxy::config::Config;
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use common::origin::Origin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(5);
-
-/// A plain origin: path → (body, etag). Counts GETs.
-#[derive(Clone, Default)]
-struct Origin {
-    docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
-    gets: Arc<AtomicUsize>,
-}
-
-impl Origin {
-    fn set(&self, path: &str, body: impl Into<Bytes>) {
-        let mut docs = self.docs.lock().expect("lock");
-        let n = docs.get(path).map_or(1, |(_, n)| n + 1);
-        docs.insert(path.to_string(), (body.into(), n));
-    }
-
-    async fn start(&self) -> SocketAddr {
-        let origin = self.clone();
-        common::serve(move |req| origin.answer(req)).await
-    }
-
-    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        let doc = self
-            .docs
-            .lock()
-            .expect("lock")
-            .get(req.uri().path())
-            .cloned();
-        let Some((body, n)) = doc else {
-            return Response::builder()
-                .status(404)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        };
-        let etag = format!("\"e{n}\"");
-        if req
-            .headers()
-            .get("if-none-match")
-            .and_then(|v| v.to_str().ok())
-            == Some(etag.as_str())
-        {
-            return Response::builder()
-                .status(304)
-                .header("etag", etag)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        }
-        Response::builder()
-            .header("etag", etag)
-            .header("content-type", "text/plain")
-            .header("cache-control", "max-age=60")
-            .body(Full::new(body))
-            .expect("response")
-    }
-}
 
 struct Proxy {
     addr: SocketAddr,
@@ -118,7 +58,7 @@ fn get(path: &str, extra: &str) -> String {
 
 #[tokio::test]
 async fn refresh_hook_revalidates_at_once() {
-    let origin = Origin::default();
+    let origin = Origin::with_cache_control("max-age=60");
     origin.set("/doc", "first version of the document\n");
     let addr = origin.start().await;
     let p = proxy(addr, |_| {}).await;
@@ -159,7 +99,7 @@ async fn refresh_hook_revalidates_at_once() {
 
 #[tokio::test]
 async fn plain_get_is_served_from_state_with_304() {
-    let origin = Origin::default();
+    let origin = Origin::with_cache_control("max-age=60");
     origin.set("/doc", "hello");
     let addr = origin.start().await;
     let p = proxy(addr, |c| c.poll_interval = Duration::from_secs(60)).await;
@@ -201,7 +141,7 @@ async fn plain_get_is_served_from_state_with_304() {
 
 #[tokio::test]
 async fn caps_answer_503_with_retry_after() {
-    let origin = Origin::default();
+    let origin = Origin::with_cache_control("max-age=60");
     origin.set("/doc", "capped");
     let addr = origin.start().await;
     let p = proxy(addr, |c| c.max_subscriptions_per_resource = 1).await;
@@ -217,7 +157,7 @@ async fn caps_answer_503_with_retry_after() {
 
 #[tokio::test]
 async fn cors_preflight_and_exposed_headers() {
-    let origin = Origin::default();
+    let origin = Origin::with_cache_control("max-age=60");
     origin.set("/doc", "cors");
     let addr = origin.start().await;
     let p = proxy(addr, |c| {
@@ -265,22 +205,8 @@ async fn cors_preflight_and_exposed_headers() {
 }
 
 #[tokio::test]
-async fn multiplexer_post_gets_a_fallback_answer() {
-    let origin = Origin::default();
-    let addr = origin.start().await;
-    let p = proxy(addr, |_| {}).await;
-    let post = "POST /.well-known/multiplexer/abc HTTP/1.1\r\nHost: x\r\nMultiplex-Version: 1.0\r\nContent-Length: 0\r\n\r\n";
-    let (_, answer) = exchange(p.addr, post, "\r\n\r\n").await;
-    assert!(
-        answer.starts_with("HTTP/1.1 404"),
-        "not 2xx, 408, 429 or 5xx, so braid-http falls back: {answer}"
-    );
-    assert_eq!(origin.gets.load(Ordering::SeqCst), 0);
-}
-
-#[tokio::test]
 async fn an_origin_body_over_the_limit_gives_an_error_update() {
-    let origin = Origin::default();
+    let origin = Origin::with_cache_control("max-age=60");
     origin.set("/big", vec![b'x'; 4096]);
     let addr = origin.start().await;
     let p = proxy(addr, |c| c.max_body_bytes = 1024).await;
@@ -310,7 +236,7 @@ async fn an_origin_body_over_the_limit_gives_an_error_update() {
 
 #[tokio::test]
 async fn silent_and_half_sent_connections_are_closed_after_the_header_read_timeout() {
-    let origin = Origin::default();
+    let origin = Origin::with_cache_control("max-age=60");
     let origin_addr = origin.start().await;
     let proxy = proxy(origin_addr, |c| {
         c.header_read_timeout = Duration::from_millis(300);

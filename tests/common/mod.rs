@@ -18,6 +18,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+pub mod origin;
+
 /// Serves `answer` on a fresh loopback port until the test ends; returns the address.
 pub async fn serve<F>(answer: F) -> SocketAddr
 where

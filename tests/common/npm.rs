@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The packages the tests import; a missing one means "install".
-const REQUIRED_PACKAGES: &[&str] = &["braid-http", "http-cache-tests"];
+const REQUIRED_PACKAGES: &[&str] = &["braid-http", "http-cache-tests", "playwright-core"];
 const MIN_NODE_MAJOR: u32 = 20;
 const NPM_CI_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long to wait for another process's install before giving up.

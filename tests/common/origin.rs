@@ -1,0 +1,81 @@
+//! A plain origin for the integration tests: path → (body, etag), strong
+//! ETags `"e<n>"`, 304 on a matching `If-None-Match`, 404 otherwise; counts
+//! the requests it answers.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+
+#[derive(Clone, Default)]
+pub struct Origin {
+    docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
+    /// Requests answered so far.
+    pub gets: Arc<AtomicUsize>,
+    /// `Cache-Control` on every 200, if any.
+    pub cache_control: Option<&'static str>,
+}
+
+impl Origin {
+    /// An origin whose 200s carry `Cache-Control: <cache_control>`.
+    pub fn with_cache_control(cache_control: &'static str) -> Origin {
+        Origin {
+            cache_control: Some(cache_control),
+            ..Origin::default()
+        }
+    }
+
+    /// Stores `body` at `path` under the next ETag.
+    pub fn set(&self, path: &str, body: impl Into<Bytes>) {
+        let mut docs = self.docs.lock().expect("lock");
+        let n = docs.get(path).map_or(1, |(_, n)| n + 1);
+        docs.insert(path.to_string(), (body.into(), n));
+    }
+
+    /// Serves on a fresh loopback port; returns the address.
+    pub async fn start(&self) -> SocketAddr {
+        let origin = self.clone();
+        super::serve(move |req| origin.answer(req)).await
+    }
+
+    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        let doc = self
+            .docs
+            .lock()
+            .expect("lock")
+            .get(req.uri().path())
+            .cloned();
+        let Some((body, n)) = doc else {
+            return Response::builder()
+                .status(404)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        };
+        let etag = format!("\"e{n}\"");
+        if req
+            .headers()
+            .get("if-none-match")
+            .and_then(|v| v.to_str().ok())
+            == Some(&etag)
+        {
+            return Response::builder()
+                .status(304)
+                .header("etag", etag)
+                .body(Full::new(Bytes::new()))
+                .expect("response");
+        }
+        let mut response = Response::builder()
+            .header("etag", etag)
+            .header("content-type", "text/plain");
+        if let Some(cc) = self.cache_control {
+            response = response.header("cache-control", cc);
+        }
+        response.body(Full::new(body)).expect("response")
+    }
+}
