@@ -255,6 +255,9 @@ pub struct Resource {
     /// Set when it was taken out of the registry (its first answer showed it
     /// is not shareable under its key): only its current subscribers use it.
     detached: std::sync::atomic::AtomicBool,
+    /// When the latest patch write landed at the origin: an answer to a
+    /// request sent before it may predate the write and is not recorded.
+    written_at: Mutex<Option<std::time::SystemTime>>,
     /// Bytes counted for this resource in the registry's total.
     weight: std::sync::atomic::AtomicUsize,
     total: Arc<std::sync::atomic::AtomicUsize>,
@@ -309,6 +312,7 @@ impl Resource {
             watching: false.into(),
             uncacheable: false.into(),
             detached: false.into(),
+            written_at: Mutex::new(None),
             weight: weight.into(),
             total,
             window: Mutex::default(),
@@ -366,6 +370,17 @@ impl Resource {
         } else {
             self.total.fetch_sub(old - weight, Relaxed);
         }
+    }
+
+    /// Records that a write through the proxy has just landed at the origin.
+    pub fn mark_written(&self) {
+        *lock(&self.written_at) = Some(std::time::SystemTime::now());
+    }
+
+    /// Whether a write landed after `sent`: an answer to a request sent
+    /// then may show the document from before the write.
+    pub fn written_since(&self, sent: std::time::SystemTime) -> bool {
+        lock(&self.written_at).is_some_and(|at| at > sent)
     }
 
     /// Whether the resource was taken out of the registry.

@@ -701,6 +701,9 @@ impl Watchers {
     /// Records a 304: the stored answer's headers are updated (RFC 9111
     /// §4.3.4) and its age starts over.
     pub fn not_modified(&self, resource: &Resource, headers: &http::HeaderMap, timing: Timing) {
+        if resource.written_since(timing.request_time) {
+            return;
+        }
         if let Some(stored) = resource.stored().filter(|s| !s.from_stream) {
             let mut updated = Stored::clone(&stored);
             updated.headers = cache::merge_not_modified(&stored.headers, headers);
@@ -723,6 +726,16 @@ impl Watchers {
         timing: Timing,
         for_gets: bool,
     ) {
+        if resource.written_since(timing.request_time) {
+            // Asked before a write through the proxy landed: this answer may
+            // undo the write for subscribers. The next poll tells.
+            debug!(
+                resource = resource.key(),
+                "answer predates a write; not recorded"
+            );
+            resource.wake.notify_one();
+            return;
+        }
         let encoded = headers
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())

@@ -345,6 +345,9 @@ impl Write<'_> {
             self.resource.refresh();
             return Ok(proxy::downstream_response(response, self.config));
         }
+        // Answers to polls sent before now may show the document before
+        // this write: they are not recorded (see Resource::written_since).
+        self.resource.mark_written();
         let etag = match text(response.headers(), header::ETAG) {
             Some(etag) => Some(Some(etag)),
             None => self.etag_after_write(&new).await,
