@@ -112,6 +112,12 @@ pub struct Args {
     /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream, so that all subscriptions to it share one connection; for tiers of braid-proxies [default: false]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub upstream_h2c: Option<String>,
+    /// What the upstream is: `braid` (subscriptions are relayed as the upstream sends them), `rest` (polled and diffed by the proxy), or `auto` (learned from the first 209 or Braid response header) [default: auto]
+    #[arg(long, value_name = "KIND")]
+    pub upstream_kind: Option<String>,
+    /// How long downstream streams of a Braid upstream stay open while the proxy resumes a broken upstream subscription; 0 ends them with it [default: 0]
+    #[arg(long, value_name = "DURATION")]
+    pub hold_upstream_breaks: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
@@ -191,6 +197,20 @@ pub struct Config {
     pub upstream_heartbeat: Duration,
     pub upstream_h2c: bool,
     pub max_streams_per_connection: u32,
+    pub upstream_kind: UpstreamKind,
+    pub hold_upstream_breaks: Duration,
+}
+
+/// What the upstream is (`--upstream-kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamKind {
+    /// Learned from the first 209 or Braid response header.
+    #[default]
+    Auto,
+    /// A Braid server: subscriptions are relayed, nothing is emulated.
+    Braid,
+    /// A plain origin: polled, diffed, served as Braid by the proxy.
+    Rest,
 }
 
 impl Default for Config {
@@ -222,6 +242,8 @@ impl Default for Config {
             upstream_heartbeat: Duration::from_secs(20),
             upstream_h2c: false,
             max_streams_per_connection: 10_000,
+            upstream_kind: UpstreamKind::Auto,
+            hold_upstream_breaks: Duration::ZERO,
         }
     }
 }
@@ -313,7 +335,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 26] = [
+        let pairs: [(&'static str, Option<String>); 28] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -345,6 +367,8 @@ impl Config {
                 "max-streams-per-connection",
                 args.max_streams_per_connection,
             ),
+            ("upstream-kind", args.upstream_kind),
+            ("hold-upstream-breaks", args.hold_upstream_breaks),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -438,6 +462,17 @@ impl Config {
                     other => return Err(e(format!("`{other}` is not true or false"))),
                 }
             }
+            "upstream-kind" => {
+                self.upstream_kind = match v.trim() {
+                    "auto" => UpstreamKind::Auto,
+                    "braid" => UpstreamKind::Braid,
+                    "rest" => UpstreamKind::Rest,
+                    other => return Err(e(format!("`{other}` is not auto, braid or rest"))),
+                }
+            }
+            "hold-upstream-breaks" => {
+                self.hold_upstream_breaks = parse_duration(v).map_err(e)?;
+            }
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
         }
@@ -473,6 +508,8 @@ const KEYS: &[&str] = &[
     "upstream-heartbeat",
     "upstream-h2c",
     "max-streams-per-connection",
+    "upstream-kind",
+    "hold-upstream-breaks",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {

@@ -7,6 +7,8 @@
 //! - [`server`]: listeners, connections, HTTP/1.1 + h2c, graceful shutdown.
 //! - [`router`]: the request pipeline: filter, Braid side or pass-through, access log.
 //! - [`proxy`]: pass-through proxying to the one configured upstream.
+//! - [`relay`]: a Braid upstream's subscriptions relayed byte for byte and fanned out.
+//! - [`upstream`]: watchers that poll a plain origin.
 //! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
 //! - [`diff`]: old body + new body → patches.
 //! - [`writes`]: Braid patch writes applied onto plain origins under `If-Match`.
@@ -28,6 +30,7 @@ pub mod diff;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
+pub mod relay;
 pub mod resource;
 pub mod router;
 pub mod server;

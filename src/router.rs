@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy::{self, ConnInfo, UpstreamClient};
+use crate::relay::{Relayed, Relays};
 use crate::resource::{History, Key, Registry, RegistryLimits, Resource, State, Tuning};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
@@ -33,6 +34,7 @@ struct Inner {
     closing: watch::Sender<bool>,
     registry: Arc<Registry>,
     watchers: Arc<Watchers>,
+    relays: Arc<Relays>,
     subscriptions: Subscriptions,
     cors: Cors,
     writes: Writes,
@@ -70,9 +72,14 @@ impl Router {
             max_body_bytes: config.max_body_bytes,
             response_timeout: config.response_timeout,
             max_header_bytes: config.max_header_bytes,
-            upstream_heartbeat: config.upstream_heartbeat,
             closing: closing_rx.clone(),
         });
+        let relays = Arc::new(Relays::new(
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            closing_rx.clone(),
+        ));
         let subscriptions = Subscriptions {
             history,
             metrics: metrics.clone(),
@@ -91,6 +98,7 @@ impl Router {
             closing,
             registry,
             watchers,
+            relays,
             subscriptions,
             cors,
             writes,
@@ -219,7 +227,7 @@ impl Router {
             || proxy::watcher_template(&req, &inner.config),
             |_| (),
         )?;
-        if resource.braid_upstream() {
+        if resource.braid_upstream() || inner.relays.is_braid() {
             return self.unsafe_method(req).await;
         }
         let response = inner
@@ -274,14 +282,31 @@ impl Router {
         let inner = &self.inner;
         let host = proxy::request_host(&req).unwrap_or_default();
         let key = inner.registry.key_for(&key_of(&req), req.headers(), &host);
-        let (resource, _, rx) = inner.registry.get_or_create(
-            &key,
-            || proxy::watcher_template(&req, &inner.config),
-            |r| r.subscribe(),
-        )?;
+        // A Braid upstream (or one not known yet) gets the client's own
+        // request; a plain origin's first answer seeds the polled resource.
+        let (template, seed) = if inner.relays.relays() {
+            match inner.relays.subscribe(req, &braid, &key).await? {
+                Relayed::Answer(response) => return Ok(response),
+                Relayed::Plain {
+                    template,
+                    response,
+                    timing,
+                } => (template, Some((response, timing))),
+            }
+        } else {
+            (proxy::watcher_template(&req, &inner.config), None)
+        };
+        let (resource, _, rx) =
+            inner
+                .registry
+                .get_or_create(&key, || template, |r| r.subscribe())?;
+        let seeded = seed.is_some();
+        if let Some((response, timing)) = seed {
+            inner.watchers.seed(&resource, response, timing).await;
+        }
         let generation = resource.validation().generation;
         if inner.registry.claim_watcher(&resource) {
-            tokio::spawn(inner.watchers.clone().watch(resource.clone()));
+            tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
         } else if resource.subscribers() == 1 {
             // The first subscriber of a watched resource: ask the upstream
             // for a subscription now rather than at the next poll.

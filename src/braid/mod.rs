@@ -3,11 +3,13 @@
 //! and composition. Depends on nothing else of the crate. See spec/.
 
 mod decode;
+mod frame;
 mod encode;
 mod headers;
 mod patch;
 
 pub use decode::{decode_patches, parse_content_range, DecodeError, DecodeLimits, Decoder};
+pub use frame::{FrameError, Framed, Framer, Piece};
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
 pub use headers::{
     parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList, MAX_VERSIONS,

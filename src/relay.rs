@@ -1,0 +1,647 @@
+//! Relaying a Braid upstream: the proxy as a wire that fans out.
+//!
+//! A client's subscription request is sent upstream as the client made it
+//! (its end-to-end and Braid request headers, plus `Via` and
+//! `X-Forwarded-*`). A 209 opens a [`Session`]: its status line and headers
+//! are relayed at once, and every update of its body is kept as received
+//! (framed by [`braid::Framer`], indexed by the `Version` the upstream
+//! gave it) in the session's window and sent byte for byte to each
+//! subscriber. A later request joins a live session only when it is
+//! equivalent (same [`relay key`](relay_key): variant, `Accept`,
+//! credentials, Braid request headers) and the window holds where it
+//! starts: the whole stream for a request like the opener's, or the
+//! update whose `Version` is its `Parents`. Anything else opens its own.
+//!
+//! The lifecycle is the upstream's: when the upstream stream ends, breaks,
+//! or its heartbeats stop, the session ends and so do its subscribers'
+//! streams (after what the window still had for them); clients resume with
+//! `Parents`. When the last subscriber leaves, the upstream subscription is
+//! closed at once. Any answer but 209 reaches the client as the upstream
+//! gave it, except that, while the upstream's kind is not known yet, a 200
+//! without any Braid header shows a plain origin, which the router then
+//! polls ([`crate::upstream`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU8, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
+use tokio::sync::{watch, Notify};
+use tracing::debug;
+
+use crate::body::{Body, Chunk};
+use crate::braid::{self, Framer, Piece, VersionList};
+use crate::cache::Timing;
+use crate::config::{Config, UpstreamKind};
+use crate::error::Refusal;
+use crate::metrics::Metrics;
+use crate::proxy::{self, UpstreamClient};
+use crate::resource::Key;
+use crate::subscribe::BraidRequest;
+
+/// The relays of one proxy: its live sessions and what it knows of its upstream.
+pub struct Relays {
+    client: UpstreamClient,
+    config: Config,
+    metrics: Arc<Metrics>,
+    /// The kind learned in `auto` mode (see [`Learned`]).
+    learned: AtomicU8,
+    sessions: Mutex<HashMap<String, Vec<Arc<Session>>>>,
+    closing: watch::Receiver<bool>,
+}
+
+/// What `auto` learned: nothing yet, a Braid upstream, or a plain one.
+#[repr(u8)]
+enum Learned {
+    Nothing = 0,
+    Braid = 1,
+    Rest = 2,
+}
+
+/// How a subscription request was answered.
+pub enum Relayed {
+    /// The answer for the client: a relayed 209, or the upstream's other answer.
+    Answer(Response<Body>),
+    /// A plain origin answered (kind not known before): the router serves
+    /// the subscription from this answer and polls from then on.
+    Plain {
+        /// The identity headers of the request, for the resource's watcher.
+        template: HeaderMap,
+        response: Response<Incoming>,
+        timing: Timing,
+    },
+}
+
+/// One upstream subscription and everything it sent.
+pub struct Session {
+    key: String,
+    /// The `Parents` the opening request carried.
+    opened_with: Option<VersionList>,
+    /// The 209's status line and headers, once it came.
+    head: Mutex<Option<RelayedHead>>,
+    window: Mutex<Window>,
+    tick: watch::Sender<Tick>,
+    subscribers: AtomicUsize,
+    /// Woken when a subscriber leaves.
+    left: Notify,
+}
+
+#[derive(Clone)]
+struct RelayedHead {
+    status: StatusCode,
+    reason: Option<hyper::ext::ReasonPhrase>,
+    headers: HeaderMap,
+}
+
+/// The updates a session received, oldest first, bounded in count and bytes.
+#[derive(Default)]
+struct Window {
+    /// Sequence number of `entries[0]`; entries count from 0 for the stream's first.
+    first: u64,
+    entries: VecDeque<Entry>,
+    bytes: usize,
+    /// Set once a part of the stream could not be framed: nobody joins any more.
+    opaque: bool,
+}
+
+struct Entry {
+    raw: Bytes,
+    version: Option<VersionList>,
+}
+
+/// What subscribers watch: how far the stream got and whether it ended.
+#[derive(Debug, Clone, Default)]
+struct Tick {
+    /// `None` while the upstream has not answered; `Some(true)` once it answered 209.
+    opened: Option<bool>,
+    /// Sequence number after the newest entry.
+    end: u64,
+    /// Blank lines (heartbeats) received, and the bytes of the last.
+    beats: u64,
+    beat: Bytes,
+    ended: bool,
+}
+
+/// Why an upstream stream is over.
+enum Over {
+    Ended,
+    Broken(String),
+    Silent(Duration),
+    NoSubscribers,
+    Closing,
+}
+
+impl Relays {
+    pub fn new(
+        client: UpstreamClient,
+        config: Config,
+        metrics: Arc<Metrics>,
+        closing: watch::Receiver<bool>,
+    ) -> Relays {
+        Relays {
+            client,
+            config,
+            metrics,
+            learned: AtomicU8::new(Learned::Nothing as u8),
+            sessions: Mutex::default(),
+            closing,
+        }
+    }
+
+    /// Whether subscriptions go to the relay (the upstream is not known to be plain).
+    pub fn relays(&self) -> bool {
+        match self.config.upstream_kind {
+            UpstreamKind::Braid => true,
+            UpstreamKind::Rest => false,
+            UpstreamKind::Auto => self.learned.load(Relaxed) != Learned::Rest as u8,
+        }
+    }
+
+    /// Whether the upstream is known to speak Braid.
+    pub fn is_braid(&self) -> bool {
+        match self.config.upstream_kind {
+            UpstreamKind::Braid => true,
+            UpstreamKind::Rest => false,
+            UpstreamKind::Auto => self.learned.load(Relaxed) == Learned::Braid as u8,
+        }
+    }
+
+    /// Live sessions (each is one open upstream subscription or one being opened).
+    pub fn sessions(&self) -> usize {
+        lock(&self.sessions).values().map(Vec::len).sum()
+    }
+
+    fn learn(&self, what: Learned) {
+        let _ = self.learned.compare_exchange(
+            Learned::Nothing as u8,
+            what as u8,
+            Relaxed,
+            Relaxed,
+        );
+    }
+
+    /// Answers a subscription request: joins an equivalent live session
+    /// whose window holds where it starts, or sends it upstream.
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        braid: &BraidRequest,
+        key: &Key,
+    ) -> Result<Relayed, Refusal> {
+        let rkey = relay_key(key, req.headers());
+        let deadline = tokio::time::Instant::now() + self.config.response_timeout;
+        loop {
+            let (session, opener) = self.find_or_open(&rkey, braid);
+            if opener {
+                return self.open(req, session).await;
+            }
+            // Wait (bounded) for the session being opened to answer.
+            let mut tick = session.tick.subscribe();
+            let opened = tokio::time::timeout_at(deadline, async {
+                loop {
+                    if let Some(opened) = tick.borrow_and_update().opened {
+                        return opened;
+                    }
+                    if tick.changed().await.is_err() {
+                        return false;
+                    }
+                }
+            })
+            .await
+            .unwrap_or(false);
+            if opened {
+                if let Some(start) = self.join(&session, braid) {
+                    return Ok(Relayed::Answer(self.respond(session, start)?));
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                // The session being opened never answered: ask on our own.
+                let session = self.register(&rkey, braid);
+                return self.open(req, session).await;
+            }
+        }
+    }
+
+    /// An equivalent session to join, or a new one this request opens (true).
+    fn find_or_open(&self, rkey: &str, braid: &BraidRequest) -> (Arc<Session>, bool) {
+        let sessions = lock(&self.sessions);
+        if let Some(list) = sessions.get(rkey) {
+            for s in list {
+                let tick = s.tick.borrow();
+                if tick.ended || tick.opened == Some(false) {
+                    continue;
+                }
+                if tick.opened.is_none() || s.start_for(braid).is_some() {
+                    return (s.clone(), false);
+                }
+            }
+        }
+        drop(sessions);
+        (self.register(rkey, braid), true)
+    }
+
+    fn register(&self, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
+        let session = Arc::new(Session {
+            key: rkey.to_string(),
+            opened_with: braid.parents.clone().filter(|p| !p.is_empty()),
+            head: Mutex::new(None),
+            window: Mutex::default(),
+            tick: watch::channel(Tick::default()).0,
+            subscribers: AtomicUsize::new(0),
+            left: Notify::new(),
+        });
+        lock(&self.sessions)
+            .entry(rkey.to_string())
+            .or_default()
+            .push(session.clone());
+        session
+    }
+
+    fn unregister(&self, session: &Arc<Session>) {
+        let mut sessions = lock(&self.sessions);
+        if let Some(list) = sessions.get_mut(&session.key) {
+            list.retain(|s| !Arc::ptr_eq(s, session));
+            if list.is_empty() {
+                sessions.remove(&session.key);
+            }
+        }
+    }
+
+    /// Adds a subscriber to a live session at the place its request starts
+    /// from, if the window holds it.
+    fn join(&self, session: &Arc<Session>, braid: &BraidRequest) -> Option<u64> {
+        let _sessions = lock(&self.sessions);
+        if session.tick.borrow().ended {
+            return None;
+        }
+        let start = session.start_for(braid)?;
+        session.subscribers.fetch_add(1, Relaxed);
+        Some(start)
+    }
+
+    /// Sends the opener's request upstream and relays the answer.
+    async fn open(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        session: Arc<Session>,
+    ) -> Result<Relayed, Refusal> {
+        let template = proxy::watcher_template(&req, &self.config);
+        let failed = |this: &Self| {
+            session.tick.send_modify(|t| t.opened = Some(false));
+            this.unregister(&session);
+        };
+        let out = match proxy::upstream_request(req, &self.client, &self.config) {
+            Ok(out) => out,
+            Err(refusal) => {
+                failed(self);
+                return Err(refusal);
+            }
+        };
+        let sent = SystemTime::now();
+        let response = match self.client.send_watch(out).await {
+            Ok(response) => response,
+            Err(refusal) => {
+                failed(self);
+                return Err(refusal);
+            }
+        };
+        let status = response.status();
+        let braid_signs = ["version", "current-version", "parents", "subscribe", "patches"]
+            .iter()
+            .any(|h| response.headers().contains_key(*h));
+        if status.as_u16() == 209 {
+            self.learn(Learned::Braid);
+        } else {
+            failed(self);
+            if braid_signs {
+                self.learn(Learned::Braid);
+            }
+            let plain = !braid_signs && status == StatusCode::OK && !self.is_braid();
+            if plain && self.config.upstream_kind == UpstreamKind::Auto {
+                debug!("upstream answered Subscribe with a plain 200: polling it");
+                self.learn(Learned::Rest);
+                let timing = Timing {
+                    request_time: sent,
+                    response_time: SystemTime::now(),
+                };
+                return Ok(Relayed::Plain {
+                    template,
+                    response,
+                    timing,
+                });
+            }
+            return Ok(Relayed::Answer(proxy::downstream_response(
+                response,
+                &self.config,
+            )));
+        }
+        let (mut parts, body) = response.into_parts();
+        proxy::strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::CONTENT_LENGTH);
+        proxy::append_via(&mut parts.headers, parts.version, &self.config.proxy_id);
+        let silence = parts
+            .headers
+            .get("heartbeats")
+            .and_then(|v| braid::parse_heartbeats(v.as_bytes()).ok())
+            .filter(|d| !d.is_zero())
+            // braid-http's client gives up after 1.2 × N + 3 s without a byte.
+            .map(|d| d.mul_f64(1.2) + Duration::from_secs(3));
+        *lock(&session.head) = Some(RelayedHead {
+            status: parts.status,
+            reason: parts.extensions.get::<hyper::ext::ReasonPhrase>().cloned(),
+            headers: parts.headers,
+        });
+        session.subscribers.fetch_add(1, Relaxed);
+        session.tick.send_modify(|t| t.opened = Some(true));
+        self.metrics.upstream_subscriptions.fetch_add(1, Relaxed);
+        tokio::spawn(self.clone().read(session.clone(), body, silence));
+        Ok(Relayed::Answer(self.respond(session, 0)?))
+    }
+
+    /// Reads the upstream body into the session's window until it is over.
+    async fn read(self: Arc<Self>, session: Arc<Session>, mut body: Incoming, silence: Option<Duration>) {
+        let mut framer = Framer::new(self.config.max_body_bytes + 64 * 1024);
+        let mut closing = self.closing.clone();
+        let mut heard = tokio::time::Instant::now();
+        let over = loop {
+            let quiet = async {
+                match silence {
+                    Some(limit) => tokio::time::sleep_until(heard + limit).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                frame = body.frame() => match frame {
+                    None => break Over::Ended,
+                    Some(Err(e)) => break Over::Broken(e.to_string()),
+                    Some(Ok(frame)) => {
+                        heard = tokio::time::Instant::now();
+                        if let Ok(data) = frame.into_data() {
+                            self.absorb(&session, &mut framer, &data);
+                        }
+                    }
+                },
+                _ = quiet => break Over::Silent(silence.unwrap_or_default()),
+                _ = session.left.notified() => {
+                    // Under the lock a joiner takes: none can come in between.
+                    let _sessions = lock(&self.sessions);
+                    if session.subscribers.load(Relaxed) == 0 {
+                        session.tick.send_modify(|t| t.ended = true);
+                        break Over::NoSubscribers;
+                    }
+                }
+                _ = closing.changed() => break Over::Closing,
+            }
+        };
+        drop(body);
+        let why = match over {
+            Over::Ended => "ended by the upstream".to_string(),
+            Over::Broken(e) => format!("broken: {e}"),
+            Over::Silent(d) => format!("no byte for {d:?} (heartbeats stopped)"),
+            Over::NoSubscribers => "its last subscriber left".to_string(),
+            Over::Closing => "the proxy shuts down".to_string(),
+        };
+        debug!(session = session.key, why, "upstream subscription over");
+        self.metrics.upstream_subscriptions.fetch_sub(1, Relaxed);
+        {
+            let _sessions = lock(&self.sessions);
+            session.tick.send_modify(|t| t.ended = true);
+        }
+        self.unregister(&session);
+    }
+
+    /// Frames new bytes into the window; what cannot be framed is kept unframed.
+    fn absorb(&self, session: &Session, framer: &mut Framer, data: &[u8]) {
+        let mut window = lock(&session.window);
+        if window.opaque {
+            window.push(Entry {
+                raw: Bytes::copy_from_slice(data),
+                version: None,
+            }, &self.config);
+            drop(window);
+            session.advance();
+            return;
+        }
+        framer.push(data);
+        let mut beats = Vec::new();
+        loop {
+            match framer.next() {
+                Ok(None) => break,
+                Ok(Some(Piece::Blank(bytes))) => beats.push(bytes),
+                Ok(Some(Piece::Update(update))) => {
+                    Metrics::inc(&self.metrics.upstream_updates_total);
+                    window.push(Entry {
+                        raw: update.raw,
+                        version: update.version,
+                    }, &self.config);
+                }
+                Err(e) => {
+                    debug!(session = session.key, error = %e, "passing the rest through unframed");
+                    window.opaque = true;
+                    let rest = framer.take_rest();
+                    window.push(Entry { raw: rest, version: None }, &self.config);
+                    break;
+                }
+            }
+        }
+        let end = window.first + window.entries.len() as u64;
+        drop(window);
+        session.tick.send_if_modified(|t| {
+            let mut changed = false;
+            if t.end != end {
+                t.end = end;
+                changed = true;
+            }
+            for beat in beats.drain(..) {
+                t.beats += 1;
+                t.beat = beat;
+                changed = true;
+            }
+            changed
+        });
+    }
+
+    /// The 209 for a subscriber starting at `start`.
+    fn respond(&self, session: Arc<Session>, start: u64) -> Result<Response<Body>, Refusal> {
+        let guard = Subscriber {
+            session: session.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let before = self.metrics.subscriptions.fetch_add(1, Relaxed);
+        if before >= self.config.max_subscriptions as i64 {
+            Metrics::inc(&self.metrics.subscriptions_rejected_total);
+            drop(guard);
+            return Err(Refusal::Unavailable {
+                reason: "too many subscriptions on this proxy; retry later".into(),
+                retry_after: Duration::from_secs(5),
+            });
+        }
+        Metrics::inc(&self.metrics.subscriptions_total);
+        let head = lock(&session.head)
+            .clone()
+            .ok_or_else(|| Refusal::UpstreamBroken("the upstream subscription has no head".into()))?;
+        let tick = session.tick.subscribe();
+        let beats = tick.borrow().beats;
+        let cursor = Cursor {
+            next: start,
+            beats,
+            tick,
+            closing: self.closing.clone(),
+            metrics: self.metrics.clone(),
+            guard,
+        };
+        let stream = futures_util::stream::unfold(cursor, Cursor::next);
+        let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+        *response.status_mut() = head.status;
+        *response.headers_mut() = head.headers;
+        if let Some(reason) = head.reason {
+            response.extensions_mut().insert(reason);
+        }
+        Ok(response)
+    }
+}
+
+impl Session {
+    /// Where a request would start in this session's window, if it can join.
+    fn start_for(&self, braid: &BraidRequest) -> Option<u64> {
+        let window = lock(&self.window);
+        if window.opaque {
+            return None;
+        }
+        let parents = braid.parents.clone().filter(|p| !p.is_empty());
+        if parents == self.opened_with && window.first == 0 {
+            return Some(0);
+        }
+        let wanted = parents?;
+        window
+            .entries
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, e)| e.version.as_ref() == Some(&wanted))
+            .map(|(i, _)| window.first + i as u64 + 1)
+    }
+
+    fn advance(&self) {
+        let end = {
+            let w = lock(&self.window);
+            w.first + w.entries.len() as u64
+        };
+        self.tick.send_if_modified(|t| std::mem::replace(&mut t.end, end) != end);
+    }
+}
+
+impl Window {
+    /// Appends an entry, dropping the oldest beyond `--history-len` entries
+    /// or `--max-body-bytes` bytes (the newest always stays).
+    fn push(&mut self, entry: Entry, config: &Config) {
+        self.bytes += entry.raw.len();
+        self.entries.push_back(entry);
+        while self.entries.len() > 1
+            && (self.entries.len() > config.history_len.max(1) || self.bytes > config.max_body_bytes)
+        {
+            if let Some(old) = self.entries.pop_front() {
+                self.bytes -= old.raw.len();
+                self.first += 1;
+            }
+        }
+    }
+}
+
+/// Holds a subscriber's place in its session; leaving wakes the reader.
+struct Subscriber {
+    session: Arc<Session>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        self.metrics.subscriptions.fetch_sub(1, Relaxed);
+        self.session.subscribers.fetch_sub(1, Relaxed);
+        self.session.left.notify_one();
+    }
+}
+
+/// A relayed subscriber: the next entry it needs, and the beats it has seen.
+struct Cursor {
+    next: u64,
+    beats: u64,
+    tick: watch::Receiver<Tick>,
+    closing: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    guard: Subscriber,
+}
+
+impl Cursor {
+    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::body::BoxError>, Cursor)> {
+        loop {
+            if *self.closing.borrow() {
+                return None;
+            }
+            let tick = self.tick.borrow_and_update().clone();
+            if self.next < tick.end {
+                let bytes = {
+                    let window = lock(&self.guard.session.window);
+                    if self.next < window.first {
+                        // Fell out of the window: end; the client resumes with Parents.
+                        return None;
+                    }
+                    let at = (self.next - window.first) as usize;
+                    window.entries.get(at).map(|e| e.raw.clone())
+                };
+                let bytes = bytes?;
+                self.next += 1;
+                self.beats = tick.beats;
+                Metrics::inc(&self.metrics.updates_sent_total);
+                let chunk = Chunk::counted(bytes, &self.metrics);
+                return Some((Ok(Frame::data(chunk)), self));
+            }
+            if tick.beats > self.beats {
+                self.beats = tick.beats;
+                let chunk = Chunk::counted(tick.beat.clone(), &self.metrics);
+                return Some((Ok(Frame::data(chunk)), self));
+            }
+            if tick.ended {
+                return None;
+            }
+            tokio::select! {
+                changed = self.tick.changed() => if changed.is_err() { return None },
+                _ = self.closing.changed() => return None,
+            }
+        }
+    }
+}
+
+/// The key under which requests share a session: the resource variant
+/// (host, path, the `Vary`'d values, credentials), plus `Accept`,
+/// `Accept-Encoding` and the Braid request headers.
+pub fn relay_key(key: &Key, headers: &HeaderMap) -> String {
+    let mut out = format!("{}\n{}", key.path, key.secondary);
+    for name in [
+        "accept",
+        "accept-encoding",
+        "peer",
+        "merge-type",
+        "subscribe",
+        "heartbeats",
+    ] {
+        out.push('\n');
+        out.push_str(name);
+        out.push(':');
+        for v in headers.get_all(name) {
+            out.push_str(&String::from_utf8_lossy(v.as_bytes()));
+            out.push(',');
+        }
+    }
+    out
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
