@@ -322,10 +322,19 @@ impl Relays {
             if braid_signs {
                 self.learn(Learned::Braid);
             }
-            let plain = !braid_signs && status == StatusCode::OK && !self.is_braid();
-            if plain && self.config.upstream_kind == UpstreamKind::Auto {
-                debug!("upstream answered Subscribe with a plain 200: polling it");
-                self.learn(Learned::Rest);
+            // Not known to be Braid: a plain answer (200, or 404/410 for
+            // a resource that does not exist yet) from what must be a plain
+            // origin is the first state of a polled resource. Only a 200
+            // teaches the kind: a Braid server's 404 may carry no Braid header.
+            let plain = !braid_signs
+                && matches!(status.as_u16(), 200 | 404 | 410)
+                && !self.is_braid()
+                && self.config.upstream_kind == UpstreamKind::Auto;
+            if plain {
+                if status == StatusCode::OK {
+                    debug!("upstream answered Subscribe with a plain 200: polling it");
+                    self.learn(Learned::Rest);
+                }
                 let timing = Timing {
                     request_time: sent,
                     response_time: SystemTime::now(),
