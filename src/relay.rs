@@ -106,14 +106,23 @@ struct Window {
     first: u64,
     entries: VecDeque<Entry>,
     bytes: usize,
+    /// Entries that are updates (not blank lines).
+    updates: usize,
     /// Set once a part of the stream could not be framed: nobody joins any more.
     opaque: bool,
 }
 
+/// Bytes of the stream as received: one update, a blank line, or (once
+/// unframeable) a chunk.
 struct Entry {
     raw: Bytes,
     version: Option<VersionList>,
+    /// A blank line (heartbeat): counted in bytes, not against `--history-len`.
+    blank: bool,
 }
+
+/// What a blank entry costs in the window's byte count, beyond its bytes.
+const BLANK_OVERHEAD: usize = 64;
 
 /// What subscribers watch: how far the stream got and whether it ended.
 #[derive(Debug, Clone, Default)]
@@ -122,9 +131,6 @@ struct Tick {
     opened: Option<bool>,
     /// Sequence number after the newest entry.
     end: u64,
-    /// Blank lines (heartbeats) received, and the bytes of the last.
-    beats: u64,
-    beat: Bytes,
     ended: bool,
 }
 
@@ -429,51 +435,53 @@ impl Relays {
     fn absorb(&self, session: &Session, framer: &mut Framer, data: &[u8]) {
         let mut window = lock(&session.window);
         if window.opaque {
-            window.push(Entry {
-                raw: Bytes::copy_from_slice(data),
-                version: None,
-            }, &self.config);
-            drop(window);
-            session.advance();
-            return;
-        }
-        framer.push(data);
-        let mut beats = Vec::new();
-        loop {
-            match framer.next() {
-                Ok(None) => break,
-                Ok(Some(Piece::Blank(bytes))) => beats.push(bytes),
-                Ok(Some(Piece::Update(update))) => {
-                    Metrics::inc(&self.metrics.upstream_updates_total);
-                    window.push(Entry {
-                        raw: update.raw,
-                        version: update.version,
-                    }, &self.config);
-                }
-                Err(e) => {
-                    debug!(session = session.key, error = %e, "passing the rest through unframed");
-                    window.opaque = true;
-                    let rest = framer.take_rest();
-                    window.push(Entry { raw: rest, version: None }, &self.config);
+            window.push(
+                Entry {
+                    raw: Bytes::copy_from_slice(data),
+                    version: None,
+                    blank: false,
+                },
+                &self.config,
+            );
+        } else {
+            framer.push(data);
+            loop {
+                let entry = match framer.next() {
+                    Ok(None) => break,
+                    Ok(Some(Piece::Blank(raw))) => Entry {
+                        raw,
+                        version: None,
+                        blank: true,
+                    },
+                    Ok(Some(Piece::Update(update))) => {
+                        Metrics::inc(&self.metrics.upstream_updates_total);
+                        Entry {
+                            raw: update.raw,
+                            version: update.version,
+                            blank: false,
+                        }
+                    }
+                    Err(e) => {
+                        debug!(session = session.key, error = %e, "passing the rest through unframed");
+                        window.opaque = true;
+                        Entry {
+                            raw: framer.take_rest(),
+                            version: None,
+                            blank: false,
+                        }
+                    }
+                };
+                window.push(entry, &self.config);
+                if window.opaque {
                     break;
                 }
             }
         }
         let end = window.first + window.entries.len() as u64;
         drop(window);
-        session.tick.send_if_modified(|t| {
-            let mut changed = false;
-            if t.end != end {
-                t.end = end;
-                changed = true;
-            }
-            for beat in beats.drain(..) {
-                t.beats += 1;
-                t.beat = beat;
-                changed = true;
-            }
-            changed
-        });
+        session
+            .tick
+            .send_if_modified(|t| std::mem::replace(&mut t.end, end) != end);
     }
 
     /// The 209 for a subscriber starting at `start`.
@@ -496,10 +504,8 @@ impl Relays {
             .clone()
             .ok_or_else(|| Refusal::UpstreamBroken("the upstream subscription has no head".into()))?;
         let tick = session.tick.subscribe();
-        let beats = tick.borrow().beats;
         let cursor = Cursor {
             next: start,
-            beats,
             tick,
             closing: self.closing.clone(),
             metrics: self.metrics.clone(),
@@ -537,29 +543,30 @@ impl Session {
             .map(|(i, _)| window.first + i as u64 + 1)
     }
 
-    fn advance(&self) {
-        let end = {
-            let w = lock(&self.window);
-            w.first + w.entries.len() as u64
-        };
-        self.tick.send_if_modified(|t| std::mem::replace(&mut t.end, end) != end);
-    }
 }
 
 impl Window {
-    /// Appends an entry, dropping the oldest beyond `--history-len` entries
-    /// or `--max-body-bytes` bytes (the newest always stays).
+    /// Appends an entry, dropping the oldest beyond `--history-len`
+    /// updates or `--max-body-bytes` bytes (the newest always stays).
     fn push(&mut self, entry: Entry, config: &Config) {
-        self.bytes += entry.raw.len();
+        self.bytes += entry.weight();
+        self.updates += usize::from(!entry.blank);
         self.entries.push_back(entry);
         while self.entries.len() > 1
-            && (self.entries.len() > config.history_len.max(1) || self.bytes > config.max_body_bytes)
+            && (self.updates > config.history_len.max(1) || self.bytes > config.max_body_bytes)
         {
             if let Some(old) = self.entries.pop_front() {
-                self.bytes -= old.raw.len();
+                self.bytes -= old.weight();
+                self.updates -= usize::from(!old.blank);
                 self.first += 1;
             }
         }
+    }
+}
+
+impl Entry {
+    fn weight(&self) -> usize {
+        self.raw.len() + if self.blank { BLANK_OVERHEAD } else { 0 }
     }
 }
 
@@ -577,10 +584,9 @@ impl Drop for Subscriber {
     }
 }
 
-/// A relayed subscriber: the next entry it needs, and the beats it has seen.
+/// A relayed subscriber: the next entry it needs.
 struct Cursor {
     next: u64,
-    beats: u64,
     tick: watch::Receiver<Tick>,
     closing: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
@@ -606,14 +612,8 @@ impl Cursor {
                 };
                 let bytes = bytes?;
                 self.next += 1;
-                self.beats = tick.beats;
                 Metrics::inc(&self.metrics.updates_sent_total);
                 let chunk = Chunk::counted(bytes, &self.metrics);
-                return Some((Ok(Frame::data(chunk)), self));
-            }
-            if tick.beats > self.beats {
-                self.beats = tick.beats;
-                let chunk = Chunk::counted(tick.beat.clone(), &self.metrics);
                 return Some((Ok(Frame::data(chunk)), self));
             }
             if tick.ended {

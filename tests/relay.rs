@@ -1,0 +1,468 @@
+//! A Braid upstream behind the proxy (issue 19): what the upstream said is
+//! relayed byte for byte and fanned out, its lifecycle is mirrored, and
+//! nothing is invented. The upstream here is scripted on 127.0.0.1:0.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use braid_proxy::config::{Config, UpstreamKind};
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::broadcast;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// One scripted answer.
+struct Script {
+    status: u16,
+    reason: Option<&'static str>,
+    headers: Vec<(&'static str, String)>,
+    /// Sent at once.
+    body: Bytes,
+    /// Ends the body after `body` (else it stays open, fed by `Upstream::push`).
+    end: bool,
+}
+
+impl Script {
+    fn stream(body: &[u8]) -> Script {
+        Script {
+            status: 209,
+            reason: None,
+            headers: Vec::new(),
+            body: Bytes::copy_from_slice(body),
+            end: false,
+        }
+    }
+}
+
+/// The scripted upstream: what it was asked, and how many of its streams
+/// were closed by the proxy.
+#[derive(Clone)]
+struct Upstream {
+    addr: SocketAddr,
+    requests: Arc<Mutex<Vec<HeaderMap>>>,
+    closed: Arc<AtomicUsize>,
+    feed: broadcast::Sender<Bytes>,
+}
+
+/// Counts a dropped response body.
+struct Closed(Arc<AtomicUsize>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+impl Upstream {
+    /// Answers the n-th request (from 0) with `script(n, headers)`.
+    async fn start(script: impl Fn(usize, &HeaderMap) -> Script + Send + Sync + 'static) -> Upstream {
+        let requests: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+        let closed: Arc<AtomicUsize> = Arc::default();
+        let (feed, _) = broadcast::channel(64);
+        let (log, count, tx) = (requests.clone(), closed.clone(), feed.clone());
+        let script = Arc::new(script);
+        let addr = common::serve_async(move |req: Request<Incoming>| {
+            let n = {
+                let mut log = log.lock().expect("lock");
+                log.push(req.headers().clone());
+                log.len() - 1
+            };
+            let s = script(n, req.headers());
+            let rx = tx.subscribe();
+            let guard = Closed(count.clone());
+            async move {
+                let first = futures_util::stream::iter([Ok(Frame::data(s.body.clone()))]);
+                let body: Body = if s.end {
+                    Full::new(s.body).boxed()
+                } else {
+                    let rest = futures_util::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+                        match rx.recv().await {
+                            Ok(bytes) => Some((Ok(Frame::data(bytes)), (rx, guard))),
+                            Err(_) => None,
+                        }
+                    });
+                    let chained = futures_util::StreamExt::chain(first, rest);
+                    BodyExt::boxed(StreamBody::new(chained))
+                };
+                let mut response = Response::builder().status(s.status);
+                for (name, value) in &s.headers {
+                    response = response.header(*name, value.as_str());
+                }
+                let mut response = response.body(body).expect("response");
+                if let Some(reason) = s.reason {
+                    response.extensions_mut().insert(
+                        hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).expect("reason"),
+                    );
+                }
+                response
+            }
+        })
+        .await;
+        Upstream {
+            addr,
+            requests,
+            closed,
+            feed,
+        }
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let _ = self.feed.send(Bytes::copy_from_slice(bytes));
+    }
+
+    fn requests(&self) -> Vec<HeaderMap> {
+        self.requests.lock().expect("lock").clone()
+    }
+}
+
+async fn proxy(upstream: &Upstream, tune: impl FnOnce(&mut Config)) -> (SocketAddr, SocketAddr) {
+    common::proxy_for(upstream.addr, |c| {
+        c.resource_idle = Duration::from_secs(30);
+        tune(c);
+    })
+    .await
+}
+
+/// Sends a GET with `headers` on a new connection.
+async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response<Incoming> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::get(path).header("host", addr.to_string());
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Empty::<Bytes>::new()).expect("request");
+    tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("response")
+}
+
+async fn subscribe(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Response<Incoming> {
+    let mut headers = vec![("subscribe", "true")];
+    headers.extend_from_slice(extra);
+    get(addr, path, &headers).await
+}
+
+/// Reads the body until it holds `want` bytes (or ends); what it read.
+async fn read_bytes(body: &mut Incoming, want: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(WAIT, async {
+        while got.len() < want {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        got.extend_from_slice(&data);
+                    }
+                }
+                _ => return,
+            }
+        }
+    })
+    .await;
+    got
+}
+
+/// Whether the body ends (cleanly or not) within `limit`, discarding data.
+async fn ends_within(body: &mut Incoming, limit: Duration) -> bool {
+    tokio::time::timeout(limit, async {
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => continue,
+                _ => return,
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !ok() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Updates in forms braid-http reads: a patch as the first update, a
+/// status line per update, extra headers, Parents out of order, json and
+/// binary patches, `:status`, the http-patches count, an empty Version.
+const STREAM: &[u8] = b"HTTP/1.1 200 OK\r\nVersion: \"v1\"\r\nParents: \"z\", \"a\"\r\nX-Update: first\r\nContent-Length: 1\r\nContent-Range: text [0:0]\r\n\r\nA\r\n\r\n\
+Version: \"v2\"\nParents: \"v1\"\nContent-Length: 6\nContent-Range: json .name\n\n\"name\"\n\n\
+:status: 206\r\nVersion: \"v3\"\r\nParents: \"v2\"\r\nContent-Type: application/http-patches; count=2\r\n\r\n\
+Content-Length: 2\r\nContent-Range: bytes [0:1]\r\n\r\n\x00\xff\r\n\
+Content-Length: 0\r\nContent-Range: bytes [5:6]\r\n\r\n\r\n\
+HTTP 404 Not Found\r\nVersion: \r\nContent-Length: 0\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_and_the_209_head_are_relayed_byte_for_byte() {
+    let upstream = Upstream::start(|_, _| Script {
+        reason: Some("Multiresponse"),
+        headers: vec![
+            ("x-origin", "kept".into()),
+            ("current-version", "\"v3\"".into()),
+        ],
+        ..Script::stream(STREAM)
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let response = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 209);
+    assert_eq!(
+        response
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|r| r.as_bytes().to_vec()),
+        Some(b"Multiresponse".to_vec()),
+        "the upstream's reason phrase"
+    );
+    assert_eq!(response.headers()["x-origin"], "kept");
+    assert_eq!(response.headers()["current-version"], "\"v3\"");
+    assert!(response.headers().get("content-type").is_none(), "nothing added");
+    let mut body = response.into_body();
+    let got = read_bytes(&mut body, STREAM.len()).await;
+    assert_eq!(got, STREAM, "the stream as the upstream sent it");
+    // Later updates, even unparseable bytes, pass through as they come.
+    let later = b"Version: \"v4\"\r\nParents: \"v3\"\r\nContent-Length: 2\r\n\r\nok\r\nthis line has no colon, no length\r\n\r\n";
+    upstream.push(later);
+    assert_eq!(read_bytes(&mut body, later.len()).await, later);
+    upstream.push(b"and the rest as it comes");
+    assert_eq!(read_bytes(&mut body, 24).await, b"and the rest as it comes");
+    // Nobody joins a stream the proxy cannot follow: a second client asks on its own.
+    let second = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(second.status().as_u16(), 209);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_subscribers_share_one_upstream_subscription() {
+    let upstream = Upstream::start(|_, _| {
+        Script::stream(b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    const N: usize = 8;
+    let clients: Vec<_> = (0..N)
+        .map(|_| tokio::spawn(async move { subscribe(addr, "/doc", &[("heartbeats", "5s")]).await }))
+        .collect();
+    let mut bodies = Vec::new();
+    for c in clients {
+        let response = c.await.expect("client");
+        assert_eq!(response.status().as_u16(), 209);
+        bodies.push(response.into_body());
+    }
+    let update = b"\r\n\r\nVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [5:5]\r\n\r\n!";
+    upstream.push(update);
+    let want = [&b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello"[..], update].concat();
+    for body in &mut bodies {
+        assert_eq!(read_bytes(body, want.len()).await, want);
+    }
+    assert_eq!(upstream.requests().len(), 1, "one upstream request for {N} subscribers");
+    // A request that differs in a Braid request header opens its own.
+    let other = subscribe(addr, "/doc", &[("heartbeats", "5s"), ("peer", "p1")]).await;
+    assert_eq!(other.status().as_u16(), 209);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_from_a_version_in_the_window_costs_no_upstream_request() {
+    let upstream = Upstream::start(|_, _| {
+        Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let first = subscribe(addr, "/doc", &[]).await;
+    let mut first = first.into_body();
+    let v2 = b"Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb";
+    let v3 = b"Version: \"v3\"\r\nParents: \"v2\"\r\nContent-Length: 1\r\nContent-Range: text [2:2]\r\n\r\nc";
+    upstream.push(v2);
+    upstream.push(v3);
+    let all = [&b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"[..], v2, v3].concat();
+    assert_eq!(read_bytes(&mut first, all.len()).await, all);
+
+    let resumed = subscribe(addr, "/doc", &[("parents", "\"v2\"")]).await;
+    assert_eq!(resumed.status().as_u16(), 209);
+    let mut resumed = resumed.into_body();
+    assert_eq!(read_bytes(&mut resumed, v3.len()).await, v3, "only what it missed");
+    assert_eq!(upstream.requests().len(), 1, "answered from the window");
+
+    // A version the proxy never got from the upstream goes to the upstream.
+    let unknown = subscribe(addr, "/doc", &[("parents", "\"elsewhere\"")]).await;
+    assert_eq!(unknown.status().as_u16(), 209);
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["parents"], "\"elsewhere\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_end_ends_the_downstream_streams() {
+    let upstream = Upstream::start(|_, _| Script {
+        end: true,
+        ..Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let mut body = subscribe(addr, "/doc", &[]).await.into_body();
+    assert_eq!(
+        read_bytes(&mut body, 40).await,
+        b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi"
+    );
+    assert!(ends_within(&mut body, Duration::from_secs(2)).await);
+    // The client's resume reaches the upstream as it made it.
+    let again = subscribe(addr, "/doc", &[("parents", "\"v1\"")]).await;
+    assert_eq!(again.status().as_u16(), 209);
+    assert_eq!(upstream.requests()[1]["parents"], "\"v1\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_upstream_heartbeats_end_the_downstream_streams() {
+    // It promises a beat every 100 ms, then sends nothing.
+    let upstream = Upstream::start(|_, _| Script {
+        headers: vec![("heartbeats", "0.1s".into())],
+        ..Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| c.heartbeat = Duration::from_millis(100)).await;
+    let response = subscribe(addr, "/doc", &[("heartbeats", "0.1s")]).await;
+    assert_eq!(response.headers()["heartbeats"], "0.1s");
+    let mut body = response.into_body();
+    let started = std::time::Instant::now();
+    // 1.2 × 0.1 s + 3 s, as braid-http's client counts: no proxy beats in between.
+    assert!(ends_within(&mut body, Duration::from_secs(6)).await);
+    assert!(started.elapsed() >= Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_subscriber_leaving_closes_the_upstream_subscription_at_once() {
+    let upstream = Upstream::start(|_, _| {
+        Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let a = subscribe(addr, "/doc", &[]).await;
+    let b = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(upstream.requests().len(), 1);
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(upstream.closed.load(Ordering::SeqCst), 0, "one subscriber is left");
+    drop(b);
+    // --resource-idle is 30 s: closing must not wait for it.
+    wait_for("the upstream stream is closed", || {
+        upstream.closed.load(Ordering::SeqCst) == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_and_plain_answers_reach_the_client_as_the_upstream_gave_them() {
+    let upstream = Upstream::start(|n, _| match n {
+        0 => Script {
+            status: 503,
+            headers: vec![("retry-after", "7".into()), ("x-why", "busy".into())],
+            end: true,
+            ..Script::stream(b"come back later")
+        },
+        1 => Script {
+            status: 403,
+            end: true,
+            ..Script::stream(b"no")
+        },
+        _ => Script {
+            status: 200,
+            headers: vec![("content-type", "text/plain".into())],
+            end: true,
+            ..Script::stream(b"a plain answer")
+        },
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| c.upstream_kind = UpstreamKind::Braid).await;
+    let response = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(response.headers()["retry-after"], "7");
+    assert_eq!(response.headers()["x-why"], "busy");
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"come back later");
+    assert_eq!(subscribe(addr, "/doc", &[]).await.status().as_u16(), 403);
+    // A Braid upstream's 200 is its answer, not something to poll.
+    let response = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let body = response.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"a plain answer");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(upstream.requests().len(), 3, "one upstream request per client request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
+    let upstream = Upstream::start(|_, h| Script {
+        headers: vec![("heartbeats", h["heartbeats"].to_str().unwrap_or("").to_string())],
+        ..Script::stream(b"")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let response = get(
+        addr,
+        "/doc",
+        &[
+            ("subscribe", "?1"),
+            ("heartbeats", "0.25s"),
+            ("parents", "\"b\", \"a\""),
+            ("peer", "\"p9\""),
+            ("x-client", "mine"),
+        ],
+    )
+    .await;
+    assert_eq!(response.status().as_u16(), 209, "the 209 comes before any update");
+    assert_eq!(response.headers()["heartbeats"], "0.25s");
+    let sent = &upstream.requests()[0];
+    assert_eq!(sent["subscribe"], "?1");
+    assert_eq!(sent["heartbeats"], "0.25s");
+    assert_eq!(sent["parents"], "\"b\", \"a\"");
+    assert_eq!(sent["peer"], "\"p9\"");
+    assert_eq!(sent["x-client"], "mine");
+    assert!(sent.contains_key("via"));
+    // braidify accepts a negative interval (no heartbeats): so does the proxy.
+    let negative = get(addr, "/doc", &[("subscribe", "true"), ("heartbeats", "-1.9s")]).await;
+    assert_eq!(negative.status().as_u16(), 209);
+    let bad = get(addr, "/doc", &[("subscribe", "true"), ("heartbeats", "soon")]).await;
+    assert_eq!(bad.status().as_u16(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_second_heartbeats_are_honoured_for_a_polled_origin() {
+    let origin = common::serve(|_| Response::new(Full::new(Bytes::from_static(b"plain"))))
+        .await;
+    let (addr, _) = common::proxy_for(origin, |_| {}).await;
+    let response = get(addr, "/doc", &[("subscribe", "true"), ("heartbeats", "100ms")]).await;
+    assert_eq!(response.status().as_u16(), 209);
+    assert_eq!(response.headers()["heartbeats"], "100ms");
+    let mut body = response.into_body();
+    let mut blank = 0;
+    let _ = tokio::time::timeout(Duration::from_millis(900), async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                if data.as_ref() == b"\r\n" {
+                    blank += 1;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(blank >= 4, "about 8 beats in 900 ms at 100 ms, got {blank}");
+}
