@@ -115,7 +115,7 @@ pub struct Args {
     /// What the upstream is: `braid` (subscriptions are relayed as the upstream sends them), `rest` (polled and diffed by the proxy), or `auto` (learned from the first 209 or Braid response header) [default: auto]
     #[arg(long, value_name = "KIND")]
     pub upstream_kind: Option<String>,
-    /// How long downstream streams of a Braid upstream stay open while the proxy resumes a broken upstream subscription; 0 ends them with it [default: 0]
+    /// How long downstream streams of a Braid upstream stay open while the proxy resumes a broken upstream subscription; only 0 (they end with it, clients resume with Parents) is supported yet [default: 0]
     #[arg(long, value_name = "DURATION")]
     pub hold_upstream_breaks: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
@@ -471,7 +471,13 @@ impl Config {
                 }
             }
             "hold-upstream-breaks" => {
-                self.hold_upstream_breaks = parse_duration(v).map_err(e)?;
+                let d = parse_duration(v).map_err(e)?;
+                if !d.is_zero() {
+                    return Err(e(
+                        "only 0 is supported: downstream streams end with the upstream's".into(),
+                    ));
+                }
+                self.hold_upstream_breaks = d;
             }
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
