@@ -183,6 +183,14 @@ impl Relays {
         lock(&self.sessions).values().map(Vec::len).sum()
     }
 
+    /// Learns from any upstream answer (a plain GET's too) that the
+    /// upstream speaks Braid, when it carries a Braid header.
+    pub fn observe(&self, headers: &HeaderMap) {
+        if self.config.upstream_kind == UpstreamKind::Auto && braid_signs(headers) {
+            self.learn(Learned::Braid);
+        }
+    }
+
     fn learn(&self, what: Learned) {
         let _ = self.learned.compare_exchange(
             Learned::Nothing as u8,
@@ -318,9 +326,7 @@ impl Relays {
             }
         };
         let status = response.status();
-        let braid_signs = ["version", "current-version", "parents", "subscribe", "patches"]
-            .iter()
-            .any(|h| response.headers().contains_key(*h));
+        let braid_signs = braid_signs(response.headers());
         if status.as_u16() == 209 {
             self.learn(Learned::Braid);
         } else {
@@ -365,8 +371,9 @@ impl Relays {
             .get("heartbeats")
             .and_then(|v| braid::parse_heartbeats(v.as_bytes()).ok())
             .filter(|d| !d.is_zero())
-            // braid-http's client gives up after 1.2 × N + 3 s without a byte.
-            .map(|d| d.mul_f64(1.2) + Duration::from_secs(3));
+            // Later than braid-http's client gives up (1.2 × N + 3 s without
+            // a byte), so that its own timer, not the proxy, tells it.
+            .map(|d| d * 2 + Duration::from_secs(5));
         *lock(&session.head) = Some(RelayedHead {
             status: parts.status,
             reason: parts.extensions.get::<hyper::ext::ReasonPhrase>().cloned(),
@@ -625,6 +632,13 @@ impl Cursor {
             }
         }
     }
+}
+
+/// Whether an answer carries a header only a Braid server sends.
+fn braid_signs(headers: &HeaderMap) -> bool {
+    ["version", "current-version", "parents", "subscribe", "patches"]
+        .iter()
+        .any(|h| headers.contains_key(*h))
 }
 
 /// The key under which requests share a session: the resource variant

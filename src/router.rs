@@ -345,7 +345,9 @@ impl Router {
             ]
             .iter()
             .any(|name| h.contains_key(name));
-        if bypass {
+        // A Braid upstream's answers are relayed as they are: no Version
+        // of the proxy's own on them (issue 19).
+        if bypass || inner.relays.is_braid() {
             return self.pass_through(req).await;
         }
         let host = proxy::request_host(&req).unwrap_or_default();
@@ -500,6 +502,10 @@ async fn fetch(
     }
     let sent = std::time::SystemTime::now();
     let response = inner.client.send(out).await?;
+    inner.relays.observe(response.headers());
+    if inner.relays.is_braid() {
+        return Ok(proxy::downstream_response(response, config));
+    }
     let timing = Timing {
         request_time: sent,
         response_time: std::time::SystemTime::now(),
