@@ -192,12 +192,9 @@ impl Relays {
     }
 
     fn learn(&self, what: Learned) {
-        let _ = self.learned.compare_exchange(
-            Learned::Nothing as u8,
-            what as u8,
-            Relaxed,
-            Relaxed,
-        );
+        let _ = self
+            .learned
+            .compare_exchange(Learned::Nothing as u8, what as u8, Relaxed, Relaxed);
     }
 
     /// Answers a subscription request: joins an equivalent live session
@@ -387,7 +384,12 @@ impl Relays {
     }
 
     /// Reads the upstream body into the session's window until it is over.
-    async fn read(self: Arc<Self>, session: Arc<Session>, mut body: Incoming, silence: Option<Duration>) {
+    async fn read(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        mut body: Incoming,
+        silence: Option<Duration>,
+    ) {
         let mut framer = Framer::new(self.config.max_body_bytes + 64 * 1024);
         let mut closing = self.closing.clone();
         let mut heard = tokio::time::Instant::now();
@@ -453,7 +455,7 @@ impl Relays {
         } else {
             framer.push(data);
             loop {
-                let entry = match framer.next() {
+                let entry = match framer.next_piece() {
                     Ok(None) => break,
                     Ok(Some(Piece::Blank(raw))) => Entry {
                         raw,
@@ -507,9 +509,9 @@ impl Relays {
             });
         }
         Metrics::inc(&self.metrics.subscriptions_total);
-        let head = lock(&session.head)
-            .clone()
-            .ok_or_else(|| Refusal::UpstreamBroken("the upstream subscription has no head".into()))?;
+        let head = lock(&session.head).clone().ok_or_else(|| {
+            Refusal::UpstreamBroken("the upstream subscription has no head".into())
+        })?;
         let tick = session.tick.subscribe();
         let cursor = Cursor {
             next: start,
@@ -549,7 +551,6 @@ impl Session {
             .find(|(_, e)| e.version.as_ref() == Some(&wanted))
             .map(|(i, _)| window.first + i as u64 + 1)
     }
-
 }
 
 impl Window {
@@ -636,9 +637,15 @@ impl Cursor {
 
 /// Whether an answer carries a header only a Braid server sends.
 fn braid_signs(headers: &HeaderMap) -> bool {
-    ["version", "current-version", "parents", "subscribe", "patches"]
-        .iter()
-        .any(|h| headers.contains_key(*h))
+    [
+        "version",
+        "current-version",
+        "parents",
+        "subscribe",
+        "patches",
+    ]
+    .iter()
+    .any(|h| headers.contains_key(*h))
 }
 
 /// The key under which requests share a session: the resource variant

@@ -105,12 +105,19 @@ impl Watchers {
     /// Records the plain origin's answer to the request that created
     /// `resource` (a client's subscription) as its first state, so that
     /// request is answered from it and the origin is not asked twice.
-    pub async fn seed(&self, resource: &Arc<Resource>, response: Response<Incoming>, timing: Timing) {
+    pub async fn seed(
+        &self,
+        resource: &Arc<Resource>,
+        response: Response<Incoming>,
+        timing: Timing,
+    ) {
         let mut w = Watch {
             resource: resource.clone(),
             validators: Validators::default(),
         };
-        let ok = self.absorb_plain(&mut w, response, timing.request_time).await;
+        let ok = self
+            .absorb_plain(&mut w, response, timing.request_time)
+            .await;
         resource.validated(ok);
     }
 

@@ -67,7 +67,9 @@ type Body = BoxBody<Bytes, std::convert::Infallible>;
 
 impl Upstream {
     /// Answers the n-th request (from 0) with `script(n, headers)`.
-    async fn start(script: impl Fn(usize, &HeaderMap) -> Script + Send + Sync + 'static) -> Upstream {
+    async fn start(
+        script: impl Fn(usize, &HeaderMap) -> Script + Send + Sync + 'static,
+    ) -> Upstream {
         let requests: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
         let closed: Arc<AtomicUsize> = Arc::default();
         let (feed, _) = broadcast::channel(64);
@@ -87,12 +89,13 @@ impl Upstream {
                 let body: Body = if s.end {
                     Full::new(s.body).boxed()
                 } else {
-                    let rest = futures_util::stream::unfold((rx, guard), |(mut rx, guard)| async move {
-                        match rx.recv().await {
-                            Ok(bytes) => Some((Ok(Frame::data(bytes)), (rx, guard))),
-                            Err(_) => None,
-                        }
-                    });
+                    let rest =
+                        futures_util::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+                            match rx.recv().await {
+                                Ok(bytes) => Some((Ok(Frame::data(bytes)), (rx, guard))),
+                                Err(_) => None,
+                            }
+                        });
                     let chained = futures_util::StreamExt::chain(first, rest);
                     BodyExt::boxed(StreamBody::new(chained))
                 };
@@ -234,7 +237,10 @@ async fn updates_and_the_209_head_are_relayed_byte_for_byte() {
     );
     assert_eq!(response.headers()["x-origin"], "kept");
     assert_eq!(response.headers()["current-version"], "\"v3\"");
-    assert!(response.headers().get("content-type").is_none(), "nothing added");
+    assert!(
+        response.headers().get("content-type").is_none(),
+        "nothing added"
+    );
     let mut body = response.into_body();
     let got = read_bytes(&mut body, STREAM.len()).await;
     assert_eq!(got, STREAM, "the stream as the upstream sent it");
@@ -259,7 +265,9 @@ async fn equivalent_subscribers_share_one_upstream_subscription() {
     let (addr, _) = proxy(&upstream, |_| {}).await;
     const N: usize = 8;
     let clients: Vec<_> = (0..N)
-        .map(|_| tokio::spawn(async move { subscribe(addr, "/doc", &[("heartbeats", "5s")]).await }))
+        .map(|_| {
+            tokio::spawn(async move { subscribe(addr, "/doc", &[("heartbeats", "5s")]).await })
+        })
         .collect();
     let mut bodies = Vec::new();
     for c in clients {
@@ -269,11 +277,19 @@ async fn equivalent_subscribers_share_one_upstream_subscription() {
     }
     let update = b"\r\n\r\nVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [5:5]\r\n\r\n!";
     upstream.push(update);
-    let want = [&b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello"[..], update].concat();
+    let want = [
+        &b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello"[..],
+        update,
+    ]
+    .concat();
     for body in &mut bodies {
         assert_eq!(read_bytes(body, want.len()).await, want);
     }
-    assert_eq!(upstream.requests().len(), 1, "one upstream request for {N} subscribers");
+    assert_eq!(
+        upstream.requests().len(),
+        1,
+        "one upstream request for {N} subscribers"
+    );
     // A request that differs in a Braid request header opens its own.
     let other = subscribe(addr, "/doc", &[("heartbeats", "5s"), ("peer", "p1")]).await;
     assert_eq!(other.status().as_u16(), 209);
@@ -282,10 +298,9 @@ async fn equivalent_subscribers_share_one_upstream_subscription() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_from_a_version_in_the_window_costs_no_upstream_request() {
-    let upstream = Upstream::start(|_, _| {
-        Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na")
-    })
-    .await;
+    let upstream =
+        Upstream::start(|_, _| Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"))
+            .await;
     let (addr, _) = proxy(&upstream, |_| {}).await;
     let first = subscribe(addr, "/doc", &[]).await;
     let mut first = first.into_body();
@@ -293,13 +308,22 @@ async fn a_resume_from_a_version_in_the_window_costs_no_upstream_request() {
     let v3 = b"Version: \"v3\"\r\nParents: \"v2\"\r\nContent-Length: 1\r\nContent-Range: text [2:2]\r\n\r\nc";
     upstream.push(v2);
     upstream.push(v3);
-    let all = [&b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"[..], v2, v3].concat();
+    let all = [
+        &b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"[..],
+        v2,
+        v3,
+    ]
+    .concat();
     assert_eq!(read_bytes(&mut first, all.len()).await, all);
 
     let resumed = subscribe(addr, "/doc", &[("parents", "\"v2\"")]).await;
     assert_eq!(resumed.status().as_u16(), 209);
     let mut resumed = resumed.into_body();
-    assert_eq!(read_bytes(&mut resumed, v3.len()).await, v3, "only what it missed");
+    assert_eq!(
+        read_bytes(&mut resumed, v3.len()).await,
+        v3,
+        "only what it missed"
+    );
     assert_eq!(upstream.requests().len(), 1, "answered from the window");
 
     // A version the proxy never got from the upstream goes to the upstream.
@@ -351,17 +375,20 @@ async fn silent_upstream_heartbeats_end_the_downstream_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_subscriber_leaving_closes_the_upstream_subscription_at_once() {
-    let upstream = Upstream::start(|_, _| {
-        Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi")
-    })
-    .await;
+    let upstream =
+        Upstream::start(|_, _| Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi"))
+            .await;
     let (addr, _) = proxy(&upstream, |_| {}).await;
     let a = subscribe(addr, "/doc", &[]).await;
     let b = subscribe(addr, "/doc", &[]).await;
     assert_eq!(upstream.requests().len(), 1);
     drop(a);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(upstream.closed.load(Ordering::SeqCst), 0, "one subscriber is left");
+    assert_eq!(
+        upstream.closed.load(Ordering::SeqCst),
+        0,
+        "one subscriber is left"
+    );
     drop(b);
     // --resource-idle is 30 s: closing must not wait for it.
     wait_for("the upstream stream is closed", || {
@@ -397,22 +424,39 @@ async fn error_and_plain_answers_reach_the_client_as_the_upstream_gave_them() {
     assert_eq!(response.status().as_u16(), 503);
     assert_eq!(response.headers()["retry-after"], "7");
     assert_eq!(response.headers()["x-why"], "busy");
-    let body = response.into_body().collect().await.expect("body").to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     assert_eq!(&body[..], b"come back later");
     assert_eq!(subscribe(addr, "/doc", &[]).await.status().as_u16(), 403);
     // A Braid upstream's 200 is its answer, not something to poll.
     let response = subscribe(addr, "/doc", &[]).await;
     assert_eq!(response.status().as_u16(), 200);
-    let body = response.into_body().collect().await.expect("body").to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     assert_eq!(&body[..], b"a plain answer");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(upstream.requests().len(), 3, "one upstream request per client request");
+    assert_eq!(
+        upstream.requests().len(),
+        3,
+        "one upstream request per client request"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
     let upstream = Upstream::start(|_, h| Script {
-        headers: vec![("heartbeats", h["heartbeats"].to_str().unwrap_or("").to_string())],
+        headers: vec![(
+            "heartbeats",
+            h["heartbeats"].to_str().unwrap_or("").to_string(),
+        )],
         ..Script::stream(b"")
     })
     .await;
@@ -429,7 +473,11 @@ async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
         ],
     )
     .await;
-    assert_eq!(response.status().as_u16(), 209, "the 209 comes before any update");
+    assert_eq!(
+        response.status().as_u16(),
+        209,
+        "the 209 comes before any update"
+    );
     assert_eq!(response.headers()["heartbeats"], "0.25s");
     let sent = &upstream.requests()[0];
     assert_eq!(sent["subscribe"], "?1");
@@ -439,18 +487,32 @@ async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
     assert_eq!(sent["x-client"], "mine");
     assert!(sent.contains_key("via"));
     // braidify accepts a negative interval (no heartbeats): so does the proxy.
-    let negative = get(addr, "/doc", &[("subscribe", "true"), ("heartbeats", "-1.9s")]).await;
+    let negative = get(
+        addr,
+        "/doc",
+        &[("subscribe", "true"), ("heartbeats", "-1.9s")],
+    )
+    .await;
     assert_eq!(negative.status().as_u16(), 209);
-    let bad = get(addr, "/doc", &[("subscribe", "true"), ("heartbeats", "soon")]).await;
+    let bad = get(
+        addr,
+        "/doc",
+        &[("subscribe", "true"), ("heartbeats", "soon")],
+    )
+    .await;
     assert_eq!(bad.status().as_u16(), 400);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sub_second_heartbeats_are_honoured_for_a_polled_origin() {
-    let origin = common::serve(|_| Response::new(Full::new(Bytes::from_static(b"plain"))))
-        .await;
+    let origin = common::serve(|_| Response::new(Full::new(Bytes::from_static(b"plain")))).await;
     let (addr, _) = common::proxy_for(origin, |_| {}).await;
-    let response = get(addr, "/doc", &[("subscribe", "true"), ("heartbeats", "100ms")]).await;
+    let response = get(
+        addr,
+        "/doc",
+        &[("subscribe", "true"), ("heartbeats", "100ms")],
+    )
+    .await;
     assert_eq!(response.status().as_u16(), 209);
     assert_eq!(response.headers()["heartbeats"], "100ms");
     let mut body = response.into_body();
@@ -483,7 +545,11 @@ async fn plain_gets_of_a_braid_upstream_carry_no_version_of_the_proxys_own() {
     .await;
     let (addr, _) = proxy(&upstream, |c| c.upstream_kind = UpstreamKind::Braid).await;
     let corrupt = get(addr, "/a", &[]).await;
-    assert_eq!(corrupt.headers()["version"], "corrupt-1", "as the upstream sent it");
+    assert_eq!(
+        corrupt.headers()["version"],
+        "corrupt-1",
+        "as the upstream sent it"
+    );
     for _ in 0..2 {
         let plain = get(addr, "/b", &[]).await;
         assert_eq!(plain.status().as_u16(), 200);
@@ -493,5 +559,9 @@ async fn plain_gets_of_a_braid_upstream_carry_no_version_of_the_proxys_own() {
         let body = plain.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"ok");
     }
-    assert_eq!(upstream.requests().len(), 3, "each GET is the upstream's to answer");
+    assert_eq!(
+        upstream.requests().len(),
+        3,
+        "each GET is the upstream's to answer"
+    );
 }

@@ -70,7 +70,7 @@ impl Framer {
     }
 
     /// The next piece, `Ok(None)` when more bytes are needed.
-    pub fn next(&mut self) -> Result<Option<Piece>, FrameError> {
+    pub fn next_piece(&mut self) -> Result<Option<Piece>, FrameError> {
         let blank = if self.buf.starts_with(b"\r\n") {
             2
         } else if self.buf.starts_with(b"\n") {
@@ -89,9 +89,7 @@ impl Framer {
                 framed.raw = self.buf.split_to(used).freeze();
                 Ok(Some(Piece::Update(framed)))
             }
-            None if self.buf.len() > self.max_update => {
-                Err(FrameError::TooLarge(self.max_update))
-            }
+            None if self.buf.len() > self.max_update => Err(FrameError::TooLarge(self.max_update)),
             None => Ok(None),
         }
     }
@@ -161,9 +159,10 @@ fn status_line(line: &[u8]) -> Option<u16> {
         None => text,
     };
     let code = rest.get(..3)?;
-    (code.bytes().all(|b| b.is_ascii_digit()) && rest.as_bytes().get(3).is_none_or(|b| *b == b' '))
-        .then(|| code.parse().ok())
-        .flatten()
+    (code.bytes().all(|b| b.is_ascii_digit())
+        && matches!(rest.as_bytes().get(3), None | Some(b' ')))
+    .then(|| code.parse().ok())
+    .flatten()
 }
 
 fn trim(v: &[u8]) -> &[u8] {
@@ -250,7 +249,7 @@ mod tests {
         let mut out = Vec::new();
         for chunk in input.chunks(step) {
             f.push(chunk);
-            while let Some(p) = f.next().expect("frames") {
+            while let Some(p) = f.next_piece().expect("frames") {
                 out.push(p);
             }
         }
@@ -298,7 +297,7 @@ Content-Length: 1\nContent-Range: json .a\n\nx\n\nContent-Length: 2\nContent-Ran
     fn what_has_no_length_is_not_framed() {
         let mut f = Framer::new(1024);
         f.push(b"Version: \"a\"\r\n\r\nrest");
-        assert_eq!(f.next(), Err(FrameError::NoLength));
+        assert_eq!(f.next_piece(), Err(FrameError::NoLength));
         assert_eq!(&f.take_rest()[..], b"Version: \"a\"\r\n\r\nrest");
     }
 }
