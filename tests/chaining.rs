@@ -188,31 +188,18 @@ impl Tier {
 
 /// Sends one GET on a new connection; `subscribe` adds `Subscribe: true`.
 async fn request(addr: SocketAddr, path: &str, subscribe: bool) -> Response<Incoming> {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = Request::get(path).header("host", addr.to_string());
-    if subscribe {
-        req = req.header("subscribe", "true");
-    }
-    let req = req.body(Empty::<Bytes>::new()).expect("request");
-    tokio::time::timeout(WAIT, sender.send_request(req))
-        .await
-        .expect("answered in time")
-        .expect("response")
+    let headers: &[(&str, &str)] = if subscribe {
+        &[("subscribe", "true")]
+    } else {
+        &[]
+    };
+    common::get(addr, path, headers).await
 }
 
 async fn plain_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let response = request(addr, path, false).await;
     let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = common::body_of(response).await;
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 

@@ -13,10 +13,8 @@ use braid_proxy::config::{Config, UpstreamKind};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::sync::broadcast;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -130,6 +128,14 @@ impl Upstream {
     }
 }
 
+/// An upstream answering every request with a 209 whose body starts with
+/// `body`, and a proxy in front of it.
+async fn streaming(body: &'static [u8]) -> (Upstream, SocketAddr) {
+    let upstream = Upstream::start(move |_, _| Script::stream(body)).await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    (upstream, addr)
+}
+
 async fn proxy(upstream: &Upstream, tune: impl FnOnce(&mut Config)) -> (SocketAddr, SocketAddr) {
     common::proxy_for(upstream.addr, |c| {
         c.resource_idle = Duration::from_secs(30);
@@ -138,23 +144,7 @@ async fn proxy(upstream: &Upstream, tune: impl FnOnce(&mut Config)) -> (SocketAd
     .await
 }
 
-/// Sends a GET with `headers` on a new connection.
-async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response<Incoming> {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = Request::get(path).header("host", addr.to_string());
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    let req = req.body(Empty::<Bytes>::new()).expect("request");
-    tokio::time::timeout(WAIT, sender.send_request(req))
-        .await
-        .expect("answered in time")
-        .expect("response")
-}
+use common::get;
 
 async fn subscribe(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Response<Incoming> {
     let mut headers = vec![("subscribe", "true")];
@@ -258,11 +248,7 @@ async fn updates_and_the_209_head_are_relayed_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn equivalent_subscribers_share_one_upstream_subscription() {
-    let upstream = Upstream::start(|_, _| {
-        Script::stream(b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello")
-    })
-    .await;
-    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello").await;
     const N: usize = 8;
     let clients: Vec<_> = (0..N)
         .map(|_| {
@@ -298,10 +284,7 @@ async fn equivalent_subscribers_share_one_upstream_subscription() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_from_a_version_in_the_window_costs_no_upstream_request() {
-    let upstream =
-        Upstream::start(|_, _| Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"))
-            .await;
-    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na").await;
     let first = subscribe(addr, "/doc", &[]).await;
     let mut first = first.into_body();
     let v2 = b"Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb";
@@ -375,10 +358,7 @@ async fn silent_upstream_heartbeats_end_the_downstream_streams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_subscriber_leaving_closes_the_upstream_subscription_at_once() {
-    let upstream =
-        Upstream::start(|_, _| Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi"))
-            .await;
-    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi").await;
     let a = subscribe(addr, "/doc", &[]).await;
     let b = subscribe(addr, "/doc", &[]).await;
     assert_eq!(upstream.requests().len(), 1);
@@ -424,23 +404,13 @@ async fn error_and_plain_answers_reach_the_client_as_the_upstream_gave_them() {
     assert_eq!(response.status().as_u16(), 503);
     assert_eq!(response.headers()["retry-after"], "7");
     assert_eq!(response.headers()["x-why"], "busy");
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = common::body_of(response).await;
     assert_eq!(&body[..], b"come back later");
     assert_eq!(subscribe(addr, "/doc", &[]).await.status().as_u16(), 403);
     // A Braid upstream's 200 is its answer, not something to poll.
     let response = subscribe(addr, "/doc", &[]).await;
     assert_eq!(response.status().as_u16(), 200);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = common::body_of(response).await;
     assert_eq!(&body[..], b"a plain answer");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
@@ -556,7 +526,7 @@ async fn plain_gets_of_a_braid_upstream_carry_no_version_of_the_proxys_own() {
         for name in ["version", "current-version", "etag", "repr-digest"] {
             assert!(plain.headers().get(name).is_none(), "no {name} added");
         }
-        let body = plain.into_body().collect().await.expect("body").to_bytes();
+        let body = common::body_of(plain).await;
         assert_eq!(&body[..], b"ok");
     }
     assert_eq!(

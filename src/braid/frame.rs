@@ -11,6 +11,7 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::decode::trim;
 use super::VersionList;
 
 /// One framed update: its bytes as received, and what indexes it.
@@ -163,18 +164,6 @@ fn status_line(line: &[u8]) -> Option<u16> {
         && matches!(rest.as_bytes().get(3), None | Some(b' ')))
     .then(|| code.parse().ok())
     .flatten()
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &v[start..end]
 }
 
 /// The leading digits of a value, as JavaScript's `parseInt` reads them.
