@@ -115,7 +115,7 @@ pub struct Args {
     /// What the upstream is: `braid` (subscriptions are relayed as the upstream sends them), `rest` (polled and diffed by the proxy), or `auto` (learned from the first 209 or Braid response header) [default: auto]
     #[arg(long, value_name = "KIND")]
     pub upstream_kind: Option<String>,
-    /// How long downstream streams of a Braid upstream stay open while the proxy resumes a broken upstream subscription; only 0 (they end with it, clients resume with Parents) is supported yet [default: 0]
+    /// How long downstream streams of a Braid upstream stay open while the proxy resumes an ended or broken upstream subscription itself; 0 ends them with it and clients resume with Parents [default: 0]
     #[arg(long, value_name = "DURATION")]
     pub hold_upstream_breaks: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
@@ -472,10 +472,8 @@ impl Config {
             }
             "hold-upstream-breaks" => {
                 let d = parse_duration(v).map_err(e)?;
-                if !d.is_zero() {
-                    return Err(e(
-                        "only 0 is supported: downstream streams end with the upstream's".into(),
-                    ));
+                if d > Duration::from_secs(3600) {
+                    return Err(e("at most 1h".into()));
                 }
                 self.hold_upstream_breaks = d;
             }
@@ -652,5 +650,22 @@ mod tests {
         );
         assert!(Upstream::parse("https://example.com").is_err());
         assert!(Upstream::parse("127.0.0.1:9000").is_err());
+    }
+
+    #[test]
+    fn upstream_kind_and_hold_from_flags_and_toml() {
+        let mut c = Config::default();
+        assert_eq!(c.upstream_kind, UpstreamKind::Auto);
+        c.apply_toml(
+            Path::new("t.toml"),
+            "upstream-kind = \"braid\"\nhold-upstream-breaks = \"2s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.upstream_kind, UpstreamKind::Braid);
+        assert_eq!(c.hold_upstream_breaks, Duration::from_secs(2));
+        c.set("upstream-kind", "rest").unwrap();
+        assert_eq!(c.upstream_kind, UpstreamKind::Rest);
+        assert!(c.set("upstream-kind", "maybe").is_err());
+        assert!(c.set("hold-upstream-breaks", "2h").is_err());
     }
 }

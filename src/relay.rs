@@ -85,6 +85,8 @@ pub struct Session {
     opened_with: Option<VersionList>,
     /// The 209's status line and headers, once it came.
     head: Mutex<Option<RelayedHead>>,
+    /// The opener's request as sent upstream, for a resume (`--hold-upstream-breaks`).
+    request: Mutex<Option<(http::Uri, HeaderMap)>>,
     window: Mutex<Window>,
     tick: watch::Sender<Tick>,
     subscribers: AtomicUsize,
@@ -262,6 +264,7 @@ impl Relays {
             key: rkey.to_string(),
             opened_with: braid.parents.clone().filter(|p| !p.is_empty()),
             head: Mutex::new(None),
+            request: Mutex::new(None),
             window: Mutex::default(),
             tick: watch::channel(Tick::default()).0,
             subscribers: AtomicUsize::new(0),
@@ -314,6 +317,7 @@ impl Relays {
                 return Err(refusal);
             }
         };
+        *lock(&session.request) = Some((out.uri().clone(), out.headers().clone()));
         let sent = SystemTime::now();
         let response = match self.client.send_watch(out).await {
             Ok(response) => response,
@@ -363,14 +367,7 @@ impl Relays {
         proxy::strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         proxy::append_via(&mut parts.headers, parts.version, &self.config.proxy_id);
-        let silence = parts
-            .headers
-            .get("heartbeats")
-            .and_then(|v| braid::parse_heartbeats(v.as_bytes()).ok())
-            .filter(|d| !d.is_zero())
-            // Later than braid-http's client gives up (1.2 × N + 3 s without
-            // a byte), so that its own timer, not the proxy, tells it.
-            .map(|d| d * 2 + Duration::from_secs(5));
+        let silence = silence_limit(&parts.headers);
         *lock(&session.head) = Some(RelayedHead {
             status: parts.status,
             reason: parts.extensions.get::<hyper::ext::ReasonPhrase>().cloned(),
@@ -383,17 +380,60 @@ impl Relays {
         Ok(Relayed::Answer(self.respond(session, 0)?))
     }
 
-    /// Reads the upstream body into the session's window until it is over.
+    /// Reads the upstream body into the session's window until it is over;
+    /// with `--hold-upstream-breaks`, first tries (for that long) to resume
+    /// an ended or broken stream from the last version the upstream sent.
     async fn read(
         self: Arc<Self>,
         session: Arc<Session>,
         mut body: Incoming,
-        silence: Option<Duration>,
+        mut silence: Option<Duration>,
     ) {
+        let over = loop {
+            let over = self.follow(&session, body, silence).await;
+            if !matches!(over, Over::Ended | Over::Broken(_) | Over::Silent(_))
+                || self.config.hold_upstream_breaks.is_zero()
+            {
+                break over;
+            }
+            debug!(
+                session = session.key,
+                why = over.describe(),
+                "holding downstream streams; resuming upstream"
+            );
+            match self.resume(&session).await {
+                Some((next, next_silence)) => {
+                    Metrics::inc(&self.metrics.upstream_reconnects_total);
+                    body = next;
+                    silence = next_silence;
+                }
+                None => break over,
+            }
+        };
+        debug!(
+            session = session.key,
+            why = over.describe(),
+            "upstream subscription over"
+        );
+        self.metrics.upstream_subscriptions.fetch_sub(1, Relaxed);
+        {
+            let _sessions = lock(&self.sessions);
+            session.tick.send_modify(|t| t.ended = true);
+        }
+        self.unregister(&session);
+    }
+
+    /// Reads one upstream stream into the session's window.
+    async fn follow(
+        &self,
+        session: &Session,
+        mut body: Incoming,
+        silence: Option<Duration>,
+    ) -> Over {
         let mut framer = Framer::new(self.config.max_body_bytes + 64 * 1024);
         let mut closing = self.closing.clone();
         let mut heard = tokio::time::Instant::now();
-        let over = loop {
+        loop {
             let quiet = async {
                 match silence {
                     Some(limit) => tokio::time::sleep_until(heard + limit).await,
@@ -402,42 +442,87 @@ impl Relays {
             };
             tokio::select! {
                 frame = body.frame() => match frame {
-                    None => break Over::Ended,
-                    Some(Err(e)) => break Over::Broken(e.to_string()),
+                    None => return Over::Ended,
+                    Some(Err(e)) => return Over::Broken(e.to_string()),
                     Some(Ok(frame)) => {
                         heard = tokio::time::Instant::now();
                         if let Ok(data) = frame.into_data() {
-                            self.absorb(&session, &mut framer, &data);
+                            self.absorb(session, &mut framer, &data);
                         }
                     }
                 },
-                _ = quiet => break Over::Silent(silence.unwrap_or_default()),
+                _ = quiet => return Over::Silent(silence.unwrap_or_default()),
                 _ = session.left.notified() => {
-                    // Under the lock a joiner takes: none can come in between.
-                    let _sessions = lock(&self.sessions);
-                    if session.subscribers.load(Relaxed) == 0 {
-                        session.tick.send_modify(|t| t.ended = true);
-                        break Over::NoSubscribers;
+                    if self.none_left(session) {
+                        return Over::NoSubscribers;
                     }
                 }
-                _ = closing.changed() => break Over::Closing,
+                _ = closing.changed() => return Over::Closing,
             }
-        };
-        drop(body);
-        let why = match over {
-            Over::Ended => "ended by the upstream".to_string(),
-            Over::Broken(e) => format!("broken: {e}"),
-            Over::Silent(d) => format!("no byte for {d:?} (heartbeats stopped)"),
-            Over::NoSubscribers => "its last subscriber left".to_string(),
-            Over::Closing => "the proxy shuts down".to_string(),
-        };
-        debug!(session = session.key, why, "upstream subscription over");
-        self.metrics.upstream_subscriptions.fetch_sub(1, Relaxed);
-        {
-            let _sessions = lock(&self.sessions);
+        }
+    }
+
+    /// True (and the session ended) when its last subscriber has left;
+    /// decided under the lock a joiner takes, so none comes in between.
+    fn none_left(&self, session: &Session) -> bool {
+        let _sessions = lock(&self.sessions);
+        let none = session.subscribers.load(Relaxed) == 0;
+        if none {
             session.tick.send_modify(|t| t.ended = true);
         }
-        self.unregister(&session);
+        none
+    }
+
+    /// Asks the upstream again, with the opener's request and `Parents` =
+    /// the last version the upstream sent, until it answers 209 or
+    /// `--hold-upstream-breaks` has passed. `None` when it cannot resume
+    /// (no version to resume from, a stream it could not frame, refusals).
+    async fn resume(&self, session: &Session) -> Option<(Incoming, Option<Duration>)> {
+        let deadline = tokio::time::Instant::now() + self.config.hold_upstream_breaks;
+        let (uri, mut headers) = lock(&session.request).clone()?;
+        let parents = {
+            let window = lock(&session.window);
+            if window.opaque {
+                return None;
+            }
+            window
+                .entries
+                .iter()
+                .rev()
+                .find_map(|e| e.version.clone().filter(|v| !v.is_empty()))?
+        };
+        headers.insert(
+            "parents",
+            http::HeaderValue::from_str(&parents.to_header_value()).ok()?,
+        );
+        let mut wait = Duration::from_millis(100);
+        let mut closing = self.closing.clone();
+        while tokio::time::Instant::now() < deadline {
+            let mut req = Request::new(crate::body::empty());
+            *req.uri_mut() = uri.clone();
+            *req.headers_mut() = headers.clone();
+            let answer = tokio::time::timeout_at(deadline, self.client.send_watch(req)).await;
+            if let Ok(Ok(response)) = answer {
+                if response.status().as_u16() == 209 {
+                    let silence = silence_limit(response.headers());
+                    return Some((response.into_body(), silence));
+                }
+                if response.status().is_client_error() {
+                    return None;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait.min(deadline - tokio::time::Instant::now())) => {}
+                _ = session.left.notified() => {
+                    if self.none_left(session) {
+                        return None;
+                    }
+                }
+                _ = closing.changed() => return None,
+            }
+            wait = (wait * 2).min(Duration::from_secs(2));
+        }
+        None
     }
 
     /// Frames new bytes into the window; what cannot be framed is kept unframed.
@@ -528,6 +613,18 @@ impl Relays {
             response.extensions_mut().insert(reason);
         }
         Ok(response)
+    }
+}
+
+impl Over {
+    fn describe(&self) -> String {
+        match self {
+            Over::Ended => "ended by the upstream".to_string(),
+            Over::Broken(e) => format!("broken: {e}"),
+            Over::Silent(d) => format!("no byte for {d:?} (heartbeats stopped)"),
+            Over::NoSubscribers => "its last subscriber left".to_string(),
+            Over::Closing => "the proxy shuts down".to_string(),
+        }
     }
 }
 
@@ -633,6 +730,17 @@ impl Cursor {
             }
         }
     }
+}
+
+/// How long a 209 stream may send nothing before it counts as silent:
+/// from the `Heartbeats` its head announced, later than braid-http's client
+/// gives up (1.2 × N + 3 s without a byte), so that its own timer tells it.
+fn silence_limit(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get("heartbeats")
+        .and_then(|v| braid::parse_heartbeats(v.as_bytes()).ok())
+        .filter(|d| !d.is_zero())
+        .map(|d| d * 2 + Duration::from_secs(5))
 }
 
 /// Whether an answer carries a header only a Braid server sends.

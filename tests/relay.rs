@@ -535,3 +535,37 @@ async fn plain_gets_of_a_braid_upstream_carry_no_version_of_the_proxys_own() {
         "each GET is the upstream's to answer"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_breaks_are_resumed_upstream_from_the_last_version_it_sent() {
+    let upstream = Upstream::start(|n, _| match n {
+        0 => Script {
+            end: true,
+            ..Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na")
+        },
+        _ => Script::stream(
+            b"Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb",
+        ),
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| {
+        c.hold_upstream_breaks = Duration::from_secs(5)
+    })
+    .await;
+    let mut body = subscribe(addr, "/doc", &[("x-client", "first")])
+        .await
+        .into_body();
+    let want: &[u8] = b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\naVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb";
+    assert_eq!(
+        read_bytes(&mut body, want.len()).await,
+        want,
+        "one stream across the break"
+    );
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["parents"], "\"v1\"");
+    assert_eq!(
+        requests[1]["x-client"], "first",
+        "the opener's request again"
+    );
+}
