@@ -53,6 +53,8 @@ pub struct Relays {
     /// The kind learned in `auto` mode (see [`Learned`]).
     learned: AtomicU8,
     sessions: Mutex<HashMap<String, Vec<Arc<Session>>>>,
+    /// Bytes held by all sessions' windows, bounded by `--history-bytes`.
+    window_bytes: AtomicUsize,
     closing: watch::Receiver<bool>,
 }
 
@@ -158,6 +160,7 @@ impl Relays {
             metrics,
             learned: AtomicU8::new(Learned::Nothing as u8),
             sessions: Mutex::default(),
+            window_bytes: AtomicUsize::new(0),
             closing,
         }
     }
@@ -421,6 +424,8 @@ impl Relays {
             session.tick.send_modify(|t| t.ended = true);
         }
         self.unregister(&session);
+        // Subscribers still draining keep reading it; its bytes no longer count.
+        lock(&session.window).release(&self.window_bytes);
     }
 
     /// Reads one upstream stream into the session's window.
@@ -536,6 +541,7 @@ impl Relays {
                     blank: false,
                 },
                 &self.config,
+                &self.window_bytes,
             );
         } else {
             framer.push(data);
@@ -565,7 +571,7 @@ impl Relays {
                         }
                     }
                 };
-                window.push(entry, &self.config);
+                window.push(entry, &self.config, &self.window_bytes);
                 if window.opaque {
                     break;
                 }
@@ -652,20 +658,33 @@ impl Session {
 
 impl Window {
     /// Appends an entry, dropping the oldest beyond `--history-len`
-    /// updates or `--max-body-bytes` bytes (the newest always stays).
-    fn push(&mut self, entry: Entry, config: &Config) {
-        self.bytes += entry.weight();
+    /// updates, `--max-body-bytes` bytes, or while all windows together
+    /// hold more than `--history-bytes` (the newest always stays).
+    /// `total` counts the bytes of all windows.
+    fn push(&mut self, entry: Entry, config: &Config, total: &AtomicUsize) {
+        let weight = entry.weight();
+        self.bytes += weight;
+        total.fetch_add(weight, Relaxed);
         self.updates += usize::from(!entry.blank);
         self.entries.push_back(entry);
+        let budget = usize::try_from(config.history_bytes).unwrap_or(usize::MAX);
         while self.entries.len() > 1
-            && (self.updates > config.history_len.max(1) || self.bytes > config.max_body_bytes)
+            && (self.updates > config.history_len.max(1)
+                || self.bytes > config.max_body_bytes
+                || total.load(Relaxed) > budget)
         {
             if let Some(old) = self.entries.pop_front() {
                 self.bytes -= old.weight();
+                total.fetch_sub(old.weight(), Relaxed);
                 self.updates -= usize::from(!old.blank);
                 self.first += 1;
             }
         }
+    }
+
+    /// Gives the window's bytes back to the total (the session is over).
+    fn release(&mut self, total: &AtomicUsize) {
+        total.fetch_sub(std::mem::take(&mut self.bytes), Relaxed);
     }
 }
 
