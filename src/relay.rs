@@ -78,6 +78,12 @@ pub enum Relayed {
         response: Response<Incoming>,
         timing: Timing,
     },
+    /// An equivalent request just found a plain origin: serve this one
+    /// from the polled resource too, without a request of its own.
+    Poll {
+        /// The identity headers of the request, for the resource's watcher.
+        template: HeaderMap,
+    },
 }
 
 /// One upstream subscription and everything it sent.
@@ -136,6 +142,8 @@ struct Tick {
     /// Sequence number after the newest entry.
     end: u64,
     ended: bool,
+    /// The opener's answer showed a plain origin: the resource is polled.
+    plain: bool,
 }
 
 /// Why an upstream stream is over.
@@ -231,6 +239,10 @@ impl Relays {
             })
             .await
             .unwrap_or(false);
+            if !opened && tick.borrow().plain {
+                let template = proxy::watcher_template(&req, &self.config);
+                return Ok(Relayed::Poll { template });
+            }
             if opened {
                 if let Some(start) = self.join(&session, braid) {
                     return Ok(Relayed::Answer(self.respond(session, start)?));
@@ -334,7 +346,6 @@ impl Relays {
         if status.as_u16() == 209 {
             self.learn(Learned::Braid);
         } else {
-            failed(self);
             if braid_signs {
                 self.learn(Learned::Braid);
             }
@@ -346,6 +357,9 @@ impl Relays {
                 && matches!(status.as_u16(), 200 | 404 | 410)
                 && !self.is_braid()
                 && self.config.upstream_kind == UpstreamKind::Auto;
+            // Waiting equivalent requests learn it with the failure: set first.
+            session.tick.send_modify(|t| t.plain = plain);
+            failed(self);
             if plain {
                 if status == StatusCode::OK {
                     debug!("upstream answered Subscribe with a plain 200: polling it");

@@ -284,36 +284,43 @@ impl Router {
         let key = inner.registry.key_for(&key_of(&req), req.headers(), &host);
         // A Braid upstream (or one not known yet) gets the client's own
         // request; a plain origin's first answer seeds the polled resource.
-        let (template, seed) = if inner.relays.relays() {
+        // `joined`: an equivalent request's answer just showed a plain
+        // origin; that request seeds the resource, this one waits for it.
+        let (template, seed, joined) = if inner.relays.relays() {
             match inner.relays.subscribe(req, &braid, &key).await? {
                 Relayed::Answer(response) => return Ok(response),
                 Relayed::Plain {
                     template,
                     response,
                     timing,
-                } => (template, Some((response, timing))),
+                } => (template, Some((response, timing)), false),
+                Relayed::Poll { template } => (template, None, true),
             }
         } else {
-            (proxy::watcher_template(&req, &inner.config), None)
+            (proxy::watcher_template(&req, &inner.config), None, false)
         };
         let (resource, _, rx) =
             inner
                 .registry
                 .get_or_create(&key, || template, |r| r.subscribe())?;
-        let seeded = seed.is_some();
+        let limit = inner.config.response_timeout + inner.config.connect_timeout;
+        let mut seeded = seed.is_some();
         if let Some((response, timing)) = seed {
             inner.watchers.seed(&resource, response, timing).await;
+        } else if joined && resource.head().seq == 0 {
+            let generation = resource.validation().generation;
+            upstream::await_validation(&resource, generation, limit).await;
+            seeded = resource.head().seq > 0;
         }
         let generation = resource.validation().generation;
         if inner.registry.claim_watcher(&resource) {
             tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
         } else if resource.subscribers() == 1 {
-            // The first subscriber of a watched resource: ask the upstream
-            // for a subscription now rather than at the next poll.
+            // The first subscriber of a watched resource: poll now rather
+            // than at the next interval.
             resource.wake.notify_one();
         }
         if resource.head().seq == 0 {
-            let limit = inner.config.response_timeout + inner.config.connect_timeout;
             upstream::await_validation(&resource, generation, limit).await;
         }
         if resource.head().seq == 0 {

@@ -569,3 +569,34 @@ async fn held_breaks_are_resumed_upstream_from_the_last_version_it_sent() {
         "the opener's request again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_subscribers_of_a_plain_origin_cost_one_request() {
+    let gets = Arc::new(AtomicUsize::new(0));
+    let count = gets.clone();
+    let origin = common::serve(move |_| {
+        count.fetch_add(1, Ordering::SeqCst);
+        Response::new(Full::new(Bytes::from_static(b"plain")))
+    })
+    .await;
+    // Polls every 30 s: only the subscribers' own requests reach the origin.
+    let (addr, _) = common::proxy_for(origin, |_| {}).await;
+    let clients: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(async move { subscribe(addr, "/doc", &[]).await }))
+        .collect();
+    let mut bodies = Vec::new();
+    for c in clients {
+        let response = c.await.expect("client");
+        assert_eq!(response.status().as_u16(), 209);
+        bodies.push(response.into_body());
+    }
+    for body in &mut bodies {
+        let got = read_bytes(body, 1).await;
+        assert!(!got.is_empty());
+    }
+    assert_eq!(
+        gets.load(Ordering::SeqCst),
+        1,
+        "the first request's answer serves them all"
+    );
+}
