@@ -305,6 +305,9 @@ impl Router {
                 .get_or_create(&key, || template, |r| r.subscribe())?;
         let limit = inner.config.response_timeout + inner.config.connect_timeout;
         let mut seeded = seed.is_some();
+        // The seeding request holds the watcher while it seeds, so that
+        // nobody polls before that first answer is in.
+        let mut claimed = seeded && inner.registry.claim_watcher(&resource);
         if let Some((response, timing)) = seed {
             inner.watchers.seed(&resource, response, timing).await;
         } else if joined && resource.head().seq == 0 {
@@ -313,7 +316,10 @@ impl Router {
             seeded = resource.head().seq > 0;
         }
         let generation = resource.validation().generation;
-        if inner.registry.claim_watcher(&resource) {
+        if !seeded {
+            claimed = inner.registry.claim_watcher(&resource);
+        }
+        if claimed {
             tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
         } else if resource.subscribers() == 1 {
             // The first subscriber of a watched resource: poll now rather
