@@ -106,7 +106,7 @@ pub struct Args {
     /// Most concurrent streams on one HTTP/2 connection; an edge following this proxy over h2c holds one per resource [default: 10000]
     #[arg(long, value_name = "N")]
     pub max_streams_per_connection: Option<String>,
-    /// Heartbeat interval asked of a Braid upstream; a subscription silent for three of them is reopened [default: 20s]
+    /// Unused since subscriptions to a Braid upstream are relayed with the client's own Heartbeats; accepted for existing configurations [default: 20s]
     #[arg(long, value_name = "DURATION")]
     pub upstream_heartbeat: Option<String>,
     /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream, so that all subscriptions to it share one connection; for tiers of braid-proxies [default: false]
