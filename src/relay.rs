@@ -791,7 +791,8 @@ fn braid_signs(headers: &HeaderMap) -> bool {
 
 /// The key under which requests share a session: the resource variant
 /// (host, path, the `Vary`'d values, credentials), plus `Accept`,
-/// `Accept-Encoding` and the Braid request headers.
+/// `Accept-Encoding` and the Braid request headers but `Parents` (where a
+/// request starts is decided by the window).
 pub fn relay_key(key: &Key, headers: &HeaderMap) -> String {
     let mut out = format!("{}\n{}", key.path, key.secondary);
     for name in [
@@ -801,6 +802,7 @@ pub fn relay_key(key: &Key, headers: &HeaderMap) -> String {
         "merge-type",
         "subscribe",
         "heartbeats",
+        "version",
     ] {
         out.push('\n');
         out.push_str(name);
@@ -815,4 +817,39 @@ pub fn relay_key(key: &Key, headers: &HeaderMap) -> String {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_tells_requests_apart_by_what_the_upstream_may_answer_differently() {
+        let key = Key {
+            path: "/doc".into(),
+            secondary: "host".into(),
+            vary: Default::default(),
+        };
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.insert(*n, http::HeaderValue::from_static(v));
+            }
+            relay_key(&key, &h)
+        };
+        let base = with(&[("subscribe", "true")]);
+        assert_eq!(base, with(&[("subscribe", "true"), ("parents", "\"v1\"")]));
+        assert_eq!(base, with(&[("subscribe", "true"), ("x-other", "1")]));
+        for other in [
+            ("accept", "text/plain"),
+            ("peer", "p"),
+            ("merge-type", "simpleton"),
+            ("heartbeats", "5s"),
+            ("version", "\"v1\""),
+            ("accept-encoding", "gzip"),
+        ] {
+            assert_ne!(base, with(&[("subscribe", "true"), other]), "{other:?}");
+        }
+        assert_ne!(base, with(&[("subscribe", "?1")]));
+    }
 }
