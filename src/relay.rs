@@ -321,6 +321,12 @@ impl Relays {
         session: Arc<Session>,
     ) -> Result<Relayed, Refusal> {
         let template = proxy::watcher_template(&req, &self.config);
+        // Should this request be cancelled (its client gone) before the
+        // upstream answers, the session must not stay pending.
+        let _pending = Pending {
+            relays: self,
+            session: session.clone(),
+        };
         let failed = |this: &Self| {
             session.tick.send_modify(|t| t.opened = Some(false));
             this.unregister(&session);
@@ -705,6 +711,27 @@ impl Window {
 impl Entry {
     fn weight(&self) -> usize {
         self.raw.len() + if self.blank { BLANK_OVERHEAD } else { 0 }
+    }
+}
+
+/// Fails a session still being opened when its opener goes away.
+struct Pending<'a> {
+    relays: &'a Relays,
+    session: Arc<Session>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let cancelled = self.session.tick.send_if_modified(|t| {
+            let pending = t.opened.is_none();
+            if pending {
+                t.opened = Some(false);
+            }
+            pending
+        });
+        if cancelled {
+            self.relays.unregister(&self.session);
+        }
     }
 }
 

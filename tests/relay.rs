@@ -596,3 +596,47 @@ async fn concurrent_first_subscribers_of_a_plain_origin_cost_one_request() {
         "the first request's answer serves them all"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_before_the_upstream_answers_holds_nobody_up() {
+    // The first request's answer comes after 1 s; the client gives up sooner.
+    let upstream =
+        Upstream::start(|_, _| Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"))
+            .await;
+    let slow = Arc::new(AtomicUsize::new(0));
+    let gate = slow.clone();
+    let front = common::serve_async(move |req: Request<Incoming>| {
+        let (gate, upstream) = (gate.clone(), upstream.addr);
+        async move {
+            if gate.fetch_add(1, Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            // Forward to the scripted upstream.
+            let headers: Vec<(String, String)> = req
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").to_string()))
+                .collect();
+            let pairs: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let response = get(upstream, req.uri().path(), &pairs).await;
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, body)
+        }
+    })
+    .await;
+    let (addr, _) = common::proxy_for(front, |_| {}).await;
+    let first =
+        tokio::time::timeout(Duration::from_millis(200), subscribe(addr, "/doc", &[])).await;
+    assert!(first.is_err(), "the first client gave up");
+    let started = std::time::Instant::now();
+    let second = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(second.status().as_u16(), 209);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the second request did not wait on the abandoned one ({:?})",
+        started.elapsed()
+    );
+}
