@@ -611,11 +611,18 @@ impl Relays {
             metrics: self.metrics.clone(),
         };
         let before = self.metrics.subscriptions.fetch_add(1, Relaxed);
-        if before >= self.config.max_subscriptions as i64 {
+        let busy = if before >= self.config.max_subscriptions as i64 {
+            Some("on this proxy")
+        } else if session.subscribers.load(Relaxed) > self.config.max_subscriptions_per_resource {
+            Some("to this resource")
+        } else {
+            None
+        };
+        if let Some(what) = busy {
             Metrics::inc(&self.metrics.subscriptions_rejected_total);
             drop(guard);
             return Err(Refusal::Unavailable {
-                reason: "too many subscriptions on this proxy; retry later".into(),
+                reason: format!("too many subscriptions {what}; retry later"),
                 retry_after: Duration::from_secs(5),
             });
         }
