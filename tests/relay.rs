@@ -640,3 +640,15 @@ async fn a_request_given_up_before_the_upstream_answers_holds_nobody_up() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_subscriptions_are_capped_per_resource() {
+    let upstream = Upstream::start(|_, _| Script::stream(b"")).await;
+    let (addr, _) = proxy(&upstream, |c| c.max_subscriptions_per_resource = 1).await;
+    let first = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(first.status().as_u16(), 209);
+    let second = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(second.status().as_u16(), 503);
+    assert!(second.headers().contains_key("retry-after"));
+    assert_eq!(upstream.requests().len(), 1);
+}
