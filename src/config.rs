@@ -115,12 +115,18 @@ pub struct Args {
     /// Most concurrent streams on one HTTP/2 connection; an edge following this proxy over h2c holds one per resource [default: 10000]
     #[arg(long, value_name = "N")]
     pub max_streams_per_connection: Option<String>,
-    /// Heartbeat interval asked of a Braid upstream; a subscription silent for three of them is reopened [default: 20s]
+    /// Unused since subscriptions to a Braid upstream are relayed with the client's own Heartbeats; accepted for existing configurations [default: 20s]
     #[arg(long, value_name = "DURATION")]
     pub upstream_heartbeat: Option<String>,
     /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream, so that all subscriptions to it share one connection; for tiers of braid-proxies [default: false]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub upstream_h2c: Option<String>,
+    /// What the upstream is: `braid` (subscriptions are relayed as the upstream sends them), `rest` (polled and diffed by the proxy), or `auto` (learned from the first 209 or Braid response header) [default: auto]
+    #[arg(long, value_name = "KIND")]
+    pub upstream_kind: Option<String>,
+    /// How long downstream streams of a Braid upstream stay open while the proxy resumes an ended or broken upstream subscription itself; 0 ends them with it and clients resume with Parents [default: 0]
+    #[arg(long, value_name = "DURATION")]
+    pub hold_upstream_breaks: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
@@ -212,6 +218,20 @@ pub struct Config {
     pub upstream_heartbeat: Duration,
     pub upstream_h2c: bool,
     pub max_streams_per_connection: u32,
+    pub upstream_kind: UpstreamKind,
+    pub hold_upstream_breaks: Duration,
+}
+
+/// What the upstream is (`--upstream-kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamKind {
+    /// Learned from the first 209 or Braid response header.
+    #[default]
+    Auto,
+    /// A Braid server: subscriptions are relayed, nothing is emulated.
+    Braid,
+    /// A plain origin: polled, diffed, served as Braid by the proxy.
+    Rest,
 }
 
 impl Default for Config {
@@ -246,6 +266,8 @@ impl Default for Config {
             upstream_heartbeat: Duration::from_secs(20),
             upstream_h2c: false,
             max_streams_per_connection: 10_000,
+            upstream_kind: UpstreamKind::Auto,
+            hold_upstream_breaks: Duration::ZERO,
         }
     }
 }
@@ -351,7 +373,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 29] = [
+        let pairs: [(&'static str, Option<String>); 31] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -386,6 +408,8 @@ impl Config {
                 "max-streams-per-connection",
                 args.max_streams_per_connection,
             ),
+            ("upstream-kind", args.upstream_kind),
+            ("hold-upstream-breaks", args.hold_upstream_breaks),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -498,6 +522,21 @@ impl Config {
                     other => return Err(e(format!("`{other}` is not true or false"))),
                 }
             }
+            "upstream-kind" => {
+                self.upstream_kind = match v.trim() {
+                    "auto" => UpstreamKind::Auto,
+                    "braid" => UpstreamKind::Braid,
+                    "rest" => UpstreamKind::Rest,
+                    other => return Err(e(format!("`{other}` is not auto, braid or rest"))),
+                }
+            }
+            "hold-upstream-breaks" => {
+                let d = parse_duration(v).map_err(e)?;
+                if d > Duration::from_secs(3600) {
+                    return Err(e("at most 1h".into()));
+                }
+                self.hold_upstream_breaks = d;
+            }
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
         }
@@ -537,6 +576,8 @@ pub const KEYS: &[&str] = &[
     "upstream-heartbeat",
     "upstream-h2c",
     "max-streams-per-connection",
+    "upstream-kind",
+    "hold-upstream-breaks",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {
@@ -673,5 +714,22 @@ mod tests {
         );
         assert!(Upstream::parse("https://example.com").is_err());
         assert!(Upstream::parse("127.0.0.1:9000").is_err());
+    }
+
+    #[test]
+    fn upstream_kind_and_hold_from_flags_and_toml() {
+        let mut c = Config::default();
+        assert_eq!(c.upstream_kind, UpstreamKind::Auto);
+        c.apply_toml(
+            Path::new("t.toml"),
+            "upstream-kind = \"braid\"\nhold-upstream-breaks = \"2s\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.upstream_kind, UpstreamKind::Braid);
+        assert_eq!(c.hold_upstream_breaks, Duration::from_secs(2));
+        c.set("upstream-kind", "rest").unwrap();
+        assert_eq!(c.upstream_kind, UpstreamKind::Rest);
+        assert!(c.set("upstream-kind", "maybe").is_err());
+        assert!(c.set("hold-upstream-breaks", "2h").is_err());
     }
 }

@@ -7,6 +7,8 @@
 //! - [`server`]: listeners, connections, HTTP/1.1 + h2c, graceful shutdown.
 //! - [`router`]: the request pipeline: filter, Braid side or pass-through, access log.
 //! - [`proxy`]: pass-through proxying to the one configured upstream.
+//! - [`relay`]: a Braid upstream's subscriptions relayed byte for byte and fanned out.
+//! - [`upstream`]: watchers that poll a plain origin.
 //! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
 //! - [`diff`]: old body + new body → patches.
 //! - [`multiplex`]: braid-http's multiplexing: many responses in one stream.
@@ -30,6 +32,7 @@ pub mod error;
 pub mod metrics;
 pub mod multiplex;
 pub mod proxy;
+pub mod relay;
 pub mod resource;
 pub mod router;
 pub mod server;

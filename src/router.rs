@@ -17,6 +17,7 @@ use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::multiplex::{self, Multiplexers};
 use crate::proxy::{self, ConnInfo, UpstreamClient};
+use crate::relay::{Relayed, Relays};
 use crate::resource::{History, Key, Registry, RegistryLimits, Resource, State, Tuning};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
@@ -35,6 +36,7 @@ struct Inner {
     closing: watch::Sender<bool>,
     registry: Arc<Registry>,
     watchers: Arc<Watchers>,
+    relays: Arc<Relays>,
     subscriptions: Subscriptions,
     cors: Cors,
     writes: Writes,
@@ -73,9 +75,14 @@ impl Router {
             max_body_bytes: config.max_body_bytes,
             response_timeout: config.response_timeout,
             max_header_bytes: config.max_header_bytes,
-            upstream_heartbeat: config.upstream_heartbeat,
             closing: closing_rx.clone(),
         });
+        let relays = Arc::new(Relays::new(
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            closing_rx.clone(),
+        ));
         let subscriptions = Subscriptions {
             history,
             metrics: metrics.clone(),
@@ -94,6 +101,7 @@ impl Router {
             closing,
             registry,
             watchers,
+            relays,
             subscriptions,
             cors,
             writes,
@@ -332,7 +340,7 @@ impl Router {
             || proxy::watcher_template(&req, &inner.config),
             |_| (),
         )?;
-        if resource.braid_upstream() {
+        if resource.braid_upstream() || inner.relays.is_braid() {
             return self.unsafe_method(req).await;
         }
         let response = inner
@@ -387,21 +395,51 @@ impl Router {
         let inner = &self.inner;
         let host = proxy::request_host(&req).unwrap_or_default();
         let key = inner.registry.key_for(&key_of(&req), req.headers(), &host);
-        let (resource, _, rx) = inner.registry.get_or_create(
-            &key,
-            || proxy::watcher_template(&req, &inner.config),
-            |r| r.subscribe(),
-        )?;
+        // A Braid upstream (or one not known yet) gets the client's own
+        // request; a plain origin's first answer seeds the polled resource.
+        // `joined`: an equivalent request's answer just showed a plain
+        // origin; that request seeds the resource, this one waits for it.
+        let (template, seed, joined) = if inner.relays.relays() {
+            match inner.relays.subscribe(req, &braid, &key).await? {
+                Relayed::Answer(response) => return Ok(response),
+                Relayed::Plain {
+                    template,
+                    response,
+                    timing,
+                } => (template, Some((response, timing)), false),
+                Relayed::Poll { template } => (template, None, true),
+            }
+        } else {
+            (proxy::watcher_template(&req, &inner.config), None, false)
+        };
+        let (resource, _, rx) =
+            inner
+                .registry
+                .get_or_create(&key, || template, |r| r.subscribe())?;
+        let limit = inner.config.response_timeout + inner.config.connect_timeout;
+        let mut seeded = seed.is_some();
+        // The seeding request holds the watcher while it seeds, so that
+        // nobody polls before that first answer is in.
+        let mut claimed = seeded && inner.registry.claim_watcher(&resource);
+        if let Some((response, timing)) = seed {
+            inner.watchers.seed(&resource, response, timing).await;
+        } else if joined && resource.head().seq == 0 {
+            let generation = resource.validation().generation;
+            upstream::await_validation(&resource, generation, limit).await;
+            seeded = resource.head().seq > 0;
+        }
         let generation = resource.validation().generation;
-        if inner.registry.claim_watcher(&resource) {
-            tokio::spawn(inner.watchers.clone().watch(resource.clone()));
+        if !seeded {
+            claimed = inner.registry.claim_watcher(&resource);
+        }
+        if claimed {
+            tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
         } else if resource.subscribers() == 1 {
-            // The first subscriber of a watched resource: ask the upstream
-            // for a subscription now rather than at the next poll.
+            // The first subscriber of a watched resource: poll now rather
+            // than at the next interval.
             resource.wake.notify_one();
         }
         if resource.head().seq == 0 {
-            let limit = inner.config.response_timeout + inner.config.connect_timeout;
             upstream::await_validation(&resource, generation, limit).await;
         }
         if resource.head().seq == 0 {
@@ -433,15 +471,18 @@ impl Router {
             ]
             .iter()
             .any(|name| h.contains_key(name));
-        if bypass {
+        // A Braid upstream's answers are relayed as they are: no Version
+        // of the proxy's own on them (issue 19).
+        if bypass || inner.relays.is_braid() {
             // Ranges and preconditions other than If-None-Match and
             // If-Modified-Since are the origin's to evaluate.
             let response = self.pass_through(req).await?;
-            return Ok(with_cache_status(
-                response,
-                &inner.config.proxy_id,
-                "fwd=bypass",
-            ));
+            let detail = if bypass {
+                "fwd=bypass"
+            } else {
+                "fwd=bypass; detail=\"braid upstream\""
+            };
+            return Ok(with_cache_status(response, &inner.config.proxy_id, detail));
         }
         let host = proxy::request_host(&req).unwrap_or_default();
         let key = inner.registry.key_for(&key_of(&req), h, &host);
@@ -600,6 +641,10 @@ async fn fetch(
     }
     let sent = std::time::SystemTime::now();
     let response = inner.client.send(out).await?;
+    inner.relays.observe(response.headers());
+    if inner.relays.is_braid() {
+        return Ok(proxy::downstream_response(response, config));
+    }
     let timing = Timing {
         request_time: sent,
         response_time: std::time::SystemTime::now(),

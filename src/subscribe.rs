@@ -37,6 +37,8 @@ pub struct BraidRequest {
     pub peer_specific: bool,
     /// Echo of the request's `Subscribe` value.
     pub subscribe_echo: Option<HeaderValue>,
+    /// Echo of the request's `Heartbeats` value.
+    pub heartbeats_echo: Option<HeaderValue>,
 }
 
 impl BraidRequest {
@@ -55,6 +57,7 @@ impl BraidRequest {
         }
         if let Some(v) = headers.get("heartbeats") {
             out.heartbeats = Some(braid::parse_heartbeats(v.as_bytes()).map_err(bad)?);
+            out.heartbeats_echo = Some(v.clone());
         }
         let simpleton = headers
             .get("merge-type")
@@ -69,39 +72,40 @@ fn bad(e: braid::HeaderError) -> Refusal {
     Refusal::BadRequest(e.to_string())
 }
 
-/// Shared heartbeat tickers, one per interval in whole seconds: every idle
+/// Shared heartbeat tickers, one per interval in milliseconds: every idle
 /// subscriber with that interval observes the same tick.
 #[derive(Default)]
 pub struct Heartbeats {
     tickers: Mutex<HashMap<u64, watch::Sender<u64>>>,
 }
 
-/// Longest heartbeat interval honoured.
-const MAX_HEARTBEAT_SECS: u64 = 3600;
+/// Longest heartbeat interval honoured, in milliseconds.
+const MAX_HEARTBEAT_MS: u64 = 3_600_000;
+/// Shortest heartbeat interval honoured, in milliseconds.
+const MIN_HEARTBEAT_MS: u64 = 10;
 
 impl Heartbeats {
-    /// A receiver ticking every `interval` (rounded up to whole seconds).
+    /// A receiver ticking every `interval` (rounded up to whole milliseconds).
     pub fn ticker(self: &Arc<Self>, interval: Duration) -> watch::Receiver<u64> {
-        let secs = interval
-            .as_secs_f64()
+        let ms = (interval.as_secs_f64() * 1000.0)
             .ceil()
-            .clamp(1.0, MAX_HEARTBEAT_SECS as f64) as u64;
+            .clamp(MIN_HEARTBEAT_MS as f64, MAX_HEARTBEAT_MS as f64) as u64;
         let mut tickers = self.tickers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = tickers.get(&secs) {
+        if let Some(tx) = tickers.get(&ms) {
             return tx.subscribe();
         }
         let (tx, rx) = watch::channel(0u64);
-        tickers.insert(secs, tx.clone());
+        tickers.insert(ms, tx.clone());
         let this = self.clone();
         tokio::spawn(async move {
-            let period = Duration::from_secs(secs);
+            let period = Duration::from_millis(ms);
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let mut tickers = this.tickers.lock().unwrap_or_else(|p| p.into_inner());
                 if tx.receiver_count() == 0 {
-                    tickers.remove(&secs);
+                    tickers.remove(&ms);
                     return;
                 }
                 drop(tickers);
@@ -239,12 +243,8 @@ impl Subscriptions {
             header::VARY,
             HeaderValue::from_static("Version, Parents, Subscribe"),
         );
-        if let Some(hb) = request.heartbeats {
-            if let Ok(v) =
-                HeaderValue::from_str(&format!("{}s", hb.as_secs_f64().ceil().max(1.0) as u64))
-            {
-                h.insert("heartbeats", v);
-            }
+        if let Some(v) = &request.heartbeats_echo {
+            h.insert("heartbeats", v.clone());
         }
         if let Ok(v) = HeaderValue::from_str(&current.version.to_header_value()) {
             if !current.version.is_empty() {

@@ -181,7 +181,8 @@ fn header_block(
     }
 }
 
-fn trim(v: &[u8]) -> &[u8] {
+/// `v` without leading and trailing ASCII whitespace.
+pub(super) fn trim(v: &[u8]) -> &[u8] {
     let start = v
         .iter()
         .position(|b| !b.is_ascii_whitespace())

@@ -159,7 +159,8 @@ pub fn parse_subscribe(value: &[u8]) -> Result<bool, HeaderError> {
     }
 }
 
-/// `Heartbeats`: `5s`, `5`, `0.5s` or `500ms`, at most a day.
+/// `Heartbeats`: `5s`, `5`, `0.5s` or `500ms`, at most a day. Zero or
+/// negative (braidify accepts `-1.9s`) means none: `Duration::ZERO`.
 pub fn parse_heartbeats(value: &[u8]) -> Result<Duration, HeaderError> {
     let text = std::str::from_utf8(value)
         .map_err(|_| err("Heartbeats", "not ASCII"))?
@@ -175,8 +176,8 @@ pub fn parse_heartbeats(value: &[u8]) -> Result<Duration, HeaderError> {
         .trim()
         .parse()
         .map_err(|_| err("Heartbeats", "expected a number of seconds, like 5s"))?;
-    let secs = n * scale;
-    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+    let secs = (n * scale).max(0.0);
+    if !secs.is_finite() || secs > 86_400.0 {
         return Err(err("Heartbeats", "out of range (0 to 86400 seconds)"));
     }
     Ok(Duration::from_secs_f64(secs))
@@ -225,6 +226,7 @@ mod tests {
         assert_eq!(parse_heartbeats(b"2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_heartbeats(b"500ms"), Ok(Duration::from_millis(500)));
         assert!(parse_heartbeats(b"abc").is_err());
-        assert!(parse_heartbeats(b"-1s").is_err());
+        assert_eq!(parse_heartbeats(b"-1.9s"), Ok(Duration::ZERO));
+        assert_eq!(parse_heartbeats(b"0.25s"), Ok(Duration::from_millis(250)));
     }
 }

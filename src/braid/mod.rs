@@ -4,11 +4,13 @@
 
 mod decode;
 mod encode;
+mod frame;
 mod headers;
 mod patch;
 
 pub use decode::{decode_patches, parse_content_range, DecodeError, DecodeLimits, Decoder};
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
+pub use frame::{FrameError, Framed, Framer, Piece};
 pub use headers::{
     parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList, MAX_VERSIONS,
     MAX_VERSION_ID_LEN,

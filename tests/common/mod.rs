@@ -78,3 +78,34 @@ pub async fn proxy_for(
     tokio::spawn(server.run(std::future::pending()));
     (addr, admin)
 }
+
+/// Sends a GET with `headers` on a new connection, bounded in time.
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response<Incoming> {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::get(path).header("host", addr.to_string());
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("response")
+}
+
+/// The whole body of a response.
+pub async fn body_of(response: Response<Incoming>) -> Bytes {
+    use http_body_util::BodyExt;
+    response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+}

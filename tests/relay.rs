@@ -1,0 +1,654 @@
+//! A Braid upstream behind the proxy (issue 19): what the upstream said is
+//! relayed byte for byte and fanned out, its lifecycle is mirrored, and
+//! nothing is invented. The upstream here is scripted on 127.0.0.1:0.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use braid_proxy::config::{Config, UpstreamKind};
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::sync::broadcast;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// One scripted answer.
+struct Script {
+    status: u16,
+    reason: Option<&'static str>,
+    headers: Vec<(&'static str, String)>,
+    /// Sent at once.
+    body: Bytes,
+    /// Ends the body after `body` (else it stays open, fed by `Upstream::push`).
+    end: bool,
+}
+
+impl Script {
+    fn stream(body: &[u8]) -> Script {
+        Script {
+            status: 209,
+            reason: None,
+            headers: Vec::new(),
+            body: Bytes::copy_from_slice(body),
+            end: false,
+        }
+    }
+}
+
+/// The scripted upstream: what it was asked, and how many of its streams
+/// were closed by the proxy.
+#[derive(Clone)]
+struct Upstream {
+    addr: SocketAddr,
+    requests: Arc<Mutex<Vec<HeaderMap>>>,
+    closed: Arc<AtomicUsize>,
+    feed: broadcast::Sender<Bytes>,
+}
+
+/// Counts a dropped response body.
+struct Closed(Arc<AtomicUsize>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+impl Upstream {
+    /// Answers the n-th request (from 0) with `script(n, headers)`.
+    async fn start(
+        script: impl Fn(usize, &HeaderMap) -> Script + Send + Sync + 'static,
+    ) -> Upstream {
+        let requests: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+        let closed: Arc<AtomicUsize> = Arc::default();
+        let (feed, _) = broadcast::channel(64);
+        let (log, count, tx) = (requests.clone(), closed.clone(), feed.clone());
+        let script = Arc::new(script);
+        let addr = common::serve_async(move |req: Request<Incoming>| {
+            let n = {
+                let mut log = log.lock().expect("lock");
+                log.push(req.headers().clone());
+                log.len() - 1
+            };
+            let s = script(n, req.headers());
+            let rx = tx.subscribe();
+            let guard = Closed(count.clone());
+            async move {
+                let first = futures_util::stream::iter([Ok(Frame::data(s.body.clone()))]);
+                let body: Body = if s.end {
+                    Full::new(s.body).boxed()
+                } else {
+                    let rest =
+                        futures_util::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+                            match rx.recv().await {
+                                Ok(bytes) => Some((Ok(Frame::data(bytes)), (rx, guard))),
+                                Err(_) => None,
+                            }
+                        });
+                    let chained = futures_util::StreamExt::chain(first, rest);
+                    BodyExt::boxed(StreamBody::new(chained))
+                };
+                let mut response = Response::builder().status(s.status);
+                for (name, value) in &s.headers {
+                    response = response.header(*name, value.as_str());
+                }
+                let mut response = response.body(body).expect("response");
+                if let Some(reason) = s.reason {
+                    response.extensions_mut().insert(
+                        hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).expect("reason"),
+                    );
+                }
+                response
+            }
+        })
+        .await;
+        Upstream {
+            addr,
+            requests,
+            closed,
+            feed,
+        }
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let _ = self.feed.send(Bytes::copy_from_slice(bytes));
+    }
+
+    fn requests(&self) -> Vec<HeaderMap> {
+        self.requests.lock().expect("lock").clone()
+    }
+}
+
+/// An upstream answering every request with a 209 whose body starts with
+/// `body`, and a proxy in front of it.
+async fn streaming(body: &'static [u8]) -> (Upstream, SocketAddr) {
+    let upstream = Upstream::start(move |_, _| Script::stream(body)).await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    (upstream, addr)
+}
+
+async fn proxy(upstream: &Upstream, tune: impl FnOnce(&mut Config)) -> (SocketAddr, SocketAddr) {
+    common::proxy_for(upstream.addr, |c| {
+        c.resource_idle = Duration::from_secs(30);
+        tune(c);
+    })
+    .await
+}
+
+use common::get;
+
+async fn subscribe(addr: SocketAddr, path: &str, extra: &[(&str, &str)]) -> Response<Incoming> {
+    let mut headers = vec![("subscribe", "true")];
+    headers.extend_from_slice(extra);
+    get(addr, path, &headers).await
+}
+
+/// `n` subscriptions to `/doc` sent at once; their 209 bodies.
+async fn subscribe_at_once(
+    addr: SocketAddr,
+    n: usize,
+    extra: &'static [(&'static str, &'static str)],
+) -> Vec<Incoming> {
+    let clients: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(async move { subscribe(addr, "/doc", extra).await }))
+        .collect();
+    let mut bodies = Vec::new();
+    for c in clients {
+        let response = c.await.expect("client");
+        assert_eq!(response.status().as_u16(), 209);
+        bodies.push(response.into_body());
+    }
+    bodies
+}
+
+/// Reads the body until it holds `want` bytes (or ends); what it read.
+async fn read_bytes(body: &mut Incoming, want: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(WAIT, async {
+        while got.len() < want {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        got.extend_from_slice(&data);
+                    }
+                }
+                _ => return,
+            }
+        }
+    })
+    .await;
+    got
+}
+
+/// Whether the body ends (cleanly or not) within `limit`, discarding data.
+async fn ends_within(body: &mut Incoming, limit: Duration) -> bool {
+    tokio::time::timeout(limit, async {
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => continue,
+                _ => return,
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !ok() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Updates in forms braid-http reads: a patch as the first update, a
+/// status line per update, extra headers, Parents out of order, json and
+/// binary patches, `:status`, the http-patches count, an empty Version.
+const STREAM: &[u8] = b"HTTP/1.1 200 OK\r\nVersion: \"v1\"\r\nParents: \"z\", \"a\"\r\nX-Update: first\r\nContent-Length: 1\r\nContent-Range: text [0:0]\r\n\r\nA\r\n\r\n\
+Version: \"v2\"\nParents: \"v1\"\nContent-Length: 6\nContent-Range: json .name\n\n\"name\"\n\n\
+:status: 206\r\nVersion: \"v3\"\r\nParents: \"v2\"\r\nContent-Type: application/http-patches; count=2\r\n\r\n\
+Content-Length: 2\r\nContent-Range: bytes [0:1]\r\n\r\n\x00\xff\r\n\
+Content-Length: 0\r\nContent-Range: bytes [5:6]\r\n\r\n\r\n\
+HTTP 404 Not Found\r\nVersion: \r\nContent-Length: 0\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_and_the_209_head_are_relayed_byte_for_byte() {
+    let upstream = Upstream::start(|_, _| Script {
+        reason: Some("Multiresponse"),
+        headers: vec![
+            ("x-origin", "kept".into()),
+            ("current-version", "\"v3\"".into()),
+        ],
+        ..Script::stream(STREAM)
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let response = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 209);
+    assert_eq!(
+        response
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|r| r.as_bytes().to_vec()),
+        Some(b"Multiresponse".to_vec()),
+        "the upstream's reason phrase"
+    );
+    assert_eq!(response.headers()["x-origin"], "kept");
+    assert_eq!(response.headers()["current-version"], "\"v3\"");
+    assert!(
+        response.headers().get("content-type").is_none(),
+        "nothing added"
+    );
+    let mut body = response.into_body();
+    let got = read_bytes(&mut body, STREAM.len()).await;
+    assert_eq!(got, STREAM, "the stream as the upstream sent it");
+    // Later updates, even unparseable bytes, pass through as they come.
+    let later = b"Version: \"v4\"\r\nParents: \"v3\"\r\nContent-Length: 2\r\n\r\nok\r\nthis line has no colon, no length\r\n\r\n";
+    upstream.push(later);
+    assert_eq!(read_bytes(&mut body, later.len()).await, later);
+    upstream.push(b"and the rest as it comes");
+    assert_eq!(read_bytes(&mut body, 24).await, b"and the rest as it comes");
+    // Nobody joins a stream the proxy cannot follow: a second client asks on its own.
+    let second = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(second.status().as_u16(), 209);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_subscribers_share_one_upstream_subscription() {
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello").await;
+    const N: usize = 8;
+    let mut bodies = subscribe_at_once(addr, N, &[("heartbeats", "5s")]).await;
+    let update = b"\r\n\r\nVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [5:5]\r\n\r\n!";
+    upstream.push(update);
+    let want = [
+        &b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello"[..],
+        update,
+    ]
+    .concat();
+    for body in &mut bodies {
+        assert_eq!(read_bytes(body, want.len()).await, want);
+    }
+    assert_eq!(
+        upstream.requests().len(),
+        1,
+        "one upstream request for {N} subscribers"
+    );
+    // A request that differs in a Braid request header opens its own.
+    let other = subscribe(addr, "/doc", &[("heartbeats", "5s"), ("peer", "p1")]).await;
+    assert_eq!(other.status().as_u16(), 209);
+    assert_eq!(upstream.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_from_a_version_in_the_window_costs_no_upstream_request() {
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na").await;
+    let first = subscribe(addr, "/doc", &[]).await;
+    let mut first = first.into_body();
+    let v2 = b"Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb";
+    let v3 = b"Version: \"v3\"\r\nParents: \"v2\"\r\nContent-Length: 1\r\nContent-Range: text [2:2]\r\n\r\nc";
+    upstream.push(v2);
+    upstream.push(v3);
+    let all = [
+        &b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"[..],
+        v2,
+        v3,
+    ]
+    .concat();
+    assert_eq!(read_bytes(&mut first, all.len()).await, all);
+
+    let resumed = subscribe(addr, "/doc", &[("parents", "\"v2\"")]).await;
+    assert_eq!(resumed.status().as_u16(), 209);
+    let mut resumed = resumed.into_body();
+    assert_eq!(
+        read_bytes(&mut resumed, v3.len()).await,
+        v3,
+        "only what it missed"
+    );
+    assert_eq!(upstream.requests().len(), 1, "answered from the window");
+
+    // A version the proxy never got from the upstream goes to the upstream.
+    let unknown = subscribe(addr, "/doc", &[("parents", "\"elsewhere\"")]).await;
+    assert_eq!(unknown.status().as_u16(), 209);
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["parents"], "\"elsewhere\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_end_ends_the_downstream_streams() {
+    let upstream = Upstream::start(|_, _| Script {
+        end: true,
+        ..Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let mut body = subscribe(addr, "/doc", &[]).await.into_body();
+    assert_eq!(
+        read_bytes(&mut body, 40).await,
+        b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi"
+    );
+    assert!(ends_within(&mut body, Duration::from_secs(2)).await);
+    // The client's resume reaches the upstream as it made it.
+    let again = subscribe(addr, "/doc", &[("parents", "\"v1\"")]).await;
+    assert_eq!(again.status().as_u16(), 209);
+    assert_eq!(upstream.requests()[1]["parents"], "\"v1\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_upstream_heartbeats_end_the_downstream_streams() {
+    // It promises a beat every 100 ms, then sends nothing.
+    let upstream = Upstream::start(|_, _| Script {
+        headers: vec![("heartbeats", "0.1s".into())],
+        ..Script::stream(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| c.heartbeat = Duration::from_millis(100)).await;
+    let response = subscribe(addr, "/doc", &[("heartbeats", "0.1s")]).await;
+    assert_eq!(response.headers()["heartbeats"], "0.1s");
+    let mut body = response.into_body();
+    let started = std::time::Instant::now();
+    // After 2 × 0.1 s + 5 s, later than braid-http's client (1.2 × N + 3 s)
+    // gives up by itself: no proxy beats in between to hide the silence.
+    assert!(ends_within(&mut body, Duration::from_secs(8)).await);
+    assert!(started.elapsed() >= Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_subscriber_leaving_closes_the_upstream_subscription_at_once() {
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi").await;
+    let a = subscribe(addr, "/doc", &[]).await;
+    let b = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(upstream.requests().len(), 1);
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        upstream.closed.load(Ordering::SeqCst),
+        0,
+        "one subscriber is left"
+    );
+    drop(b);
+    // --resource-idle is 30 s: closing must not wait for it.
+    wait_for("the upstream stream is closed", || {
+        upstream.closed.load(Ordering::SeqCst) == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_and_plain_answers_reach_the_client_as_the_upstream_gave_them() {
+    let upstream = Upstream::start(|n, _| match n {
+        0 => Script {
+            status: 503,
+            headers: vec![("retry-after", "7".into()), ("x-why", "busy".into())],
+            end: true,
+            ..Script::stream(b"come back later")
+        },
+        1 => Script {
+            status: 403,
+            end: true,
+            ..Script::stream(b"no")
+        },
+        _ => Script {
+            status: 200,
+            headers: vec![("content-type", "text/plain".into())],
+            end: true,
+            ..Script::stream(b"a plain answer")
+        },
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| c.upstream_kind = UpstreamKind::Braid).await;
+    let response = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(response.headers()["retry-after"], "7");
+    assert_eq!(response.headers()["x-why"], "busy");
+    let body = common::body_of(response).await;
+    assert_eq!(&body[..], b"come back later");
+    assert_eq!(subscribe(addr, "/doc", &[]).await.status().as_u16(), 403);
+    // A Braid upstream's 200 is its answer, not something to poll.
+    let response = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let body = common::body_of(response).await;
+    assert_eq!(&body[..], b"a plain answer");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        upstream.requests().len(),
+        3,
+        "one upstream request per client request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
+    let upstream = Upstream::start(|_, h| Script {
+        headers: vec![(
+            "heartbeats",
+            h["heartbeats"].to_str().unwrap_or("").to_string(),
+        )],
+        ..Script::stream(b"")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let response = get(
+        addr,
+        "/doc",
+        &[
+            ("subscribe", "?1"),
+            ("heartbeats", "0.25s"),
+            ("parents", "\"b\", \"a\""),
+            ("peer", "\"p9\""),
+            ("x-client", "mine"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        response.status().as_u16(),
+        209,
+        "the 209 comes before any update"
+    );
+    assert_eq!(response.headers()["heartbeats"], "0.25s");
+    let sent = &upstream.requests()[0];
+    assert_eq!(sent["subscribe"], "?1");
+    assert_eq!(sent["heartbeats"], "0.25s");
+    assert_eq!(sent["parents"], "\"b\", \"a\"");
+    assert_eq!(sent["peer"], "\"p9\"");
+    assert_eq!(sent["x-client"], "mine");
+    assert!(sent.contains_key("via"));
+    // braidify accepts a negative interval (no heartbeats): so does the
+    // proxy; a value that is not a number is still a 400.
+    for (value, status) in [("-1.9s", 209), ("soon", 400)] {
+        let response = get(
+            addr,
+            "/doc",
+            &[("subscribe", "true"), ("heartbeats", value)],
+        )
+        .await;
+        assert_eq!(response.status().as_u16(), status, "Heartbeats: {value}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_second_heartbeats_are_honoured_for_a_polled_origin() {
+    let origin = common::serve(|_| Response::new(Full::new(Bytes::from_static(b"plain")))).await;
+    let (addr, _) = common::proxy_for(origin, |_| {}).await;
+    let response = get(
+        addr,
+        "/doc",
+        &[("subscribe", "true"), ("heartbeats", "100ms")],
+    )
+    .await;
+    assert_eq!(response.status().as_u16(), 209);
+    assert_eq!(response.headers()["heartbeats"], "100ms");
+    let mut body = response.into_body();
+    let mut blank = 0;
+    let _ = tokio::time::timeout(Duration::from_millis(900), async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                if data.as_ref() == b"\r\n" {
+                    blank += 1;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(blank >= 4, "about 8 beats in 900 ms at 100 ms, got {blank}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_gets_of_a_braid_upstream_carry_no_version_of_the_proxys_own() {
+    let upstream = Upstream::start(|n, _| Script {
+        status: 200,
+        headers: if n == 0 {
+            vec![("version", "corrupt-1".into())]
+        } else {
+            Vec::new()
+        },
+        end: true,
+        ..Script::stream(b"ok")
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| c.upstream_kind = UpstreamKind::Braid).await;
+    let corrupt = get(addr, "/a", &[]).await;
+    assert_eq!(
+        corrupt.headers()["version"],
+        "corrupt-1",
+        "as the upstream sent it"
+    );
+    for _ in 0..2 {
+        let plain = get(addr, "/b", &[]).await;
+        assert_eq!(plain.status().as_u16(), 200);
+        for name in ["version", "current-version", "etag", "repr-digest"] {
+            assert!(plain.headers().get(name).is_none(), "no {name} added");
+        }
+        let body = common::body_of(plain).await;
+        assert_eq!(&body[..], b"ok");
+    }
+    assert_eq!(
+        upstream.requests().len(),
+        3,
+        "each GET is the upstream's to answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_breaks_are_resumed_upstream_from_the_last_version_it_sent() {
+    let upstream = Upstream::start(|n, _| match n {
+        0 => Script {
+            end: true,
+            ..Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na")
+        },
+        _ => Script::stream(
+            b"Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb",
+        ),
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |c| {
+        c.hold_upstream_breaks = Duration::from_secs(5)
+    })
+    .await;
+    let mut body = subscribe(addr, "/doc", &[("x-client", "first")])
+        .await
+        .into_body();
+    let want: &[u8] = b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\naVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb";
+    assert_eq!(
+        read_bytes(&mut body, want.len()).await,
+        want,
+        "one stream across the break"
+    );
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1]["parents"], "\"v1\"");
+    assert_eq!(
+        requests[1]["x-client"], "first",
+        "the opener's request again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_subscribers_of_a_plain_origin_cost_one_request() {
+    let gets = Arc::new(AtomicUsize::new(0));
+    let count = gets.clone();
+    let origin = common::serve(move |_| {
+        count.fetch_add(1, Ordering::SeqCst);
+        Response::new(Full::new(Bytes::from_static(b"plain")))
+    })
+    .await;
+    // Polls every 30 s: only the subscribers' own requests reach the origin.
+    let (addr, _) = common::proxy_for(origin, |_| {}).await;
+    let mut bodies = subscribe_at_once(addr, 8, &[]).await;
+    for body in &mut bodies {
+        let got = read_bytes(body, 1).await;
+        assert!(!got.is_empty());
+    }
+    assert_eq!(
+        gets.load(Ordering::SeqCst),
+        1,
+        "the first request's answer serves them all"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_before_the_upstream_answers_holds_nobody_up() {
+    // The first request's answer comes after 1 s; the client gives up sooner.
+    let upstream =
+        Upstream::start(|_, _| Script::stream(b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"))
+            .await;
+    let slow = Arc::new(AtomicUsize::new(0));
+    let gate = slow.clone();
+    let front = common::serve_async(move |req: Request<Incoming>| {
+        let (gate, upstream) = (gate.clone(), upstream.addr);
+        async move {
+            if gate.fetch_add(1, Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            // Forward to the scripted upstream.
+            let headers: Vec<(String, String)> = req
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").to_string()))
+                .collect();
+            let pairs: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let response = get(upstream, req.uri().path(), &pairs).await;
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, body)
+        }
+    })
+    .await;
+    let (addr, _) = common::proxy_for(front, |_| {}).await;
+    let first =
+        tokio::time::timeout(Duration::from_millis(200), subscribe(addr, "/doc", &[])).await;
+    assert!(first.is_err(), "the first client gave up");
+    let started = std::time::Instant::now();
+    let second = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(second.status().as_u16(), 209);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the second request did not wait on the abandoned one ({:?})",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_subscriptions_are_capped_per_resource() {
+    let upstream = Upstream::start(|_, _| Script::stream(b"")).await;
+    let (addr, _) = proxy(&upstream, |c| c.max_subscriptions_per_resource = 1).await;
+    let first = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(first.status().as_u16(), 209);
+    let second = subscribe(addr, "/doc", &[]).await;
+    assert_eq!(second.status().as_u16(), 503);
+    assert!(second.headers().contains_key("retry-after"));
+    assert_eq!(upstream.requests().len(), 1);
+}
