@@ -49,8 +49,6 @@ pub struct Stored {
     pub timing: Timing,
     /// The Braid version of this body when it is also the resource's head.
     pub version: Option<VersionList>,
-    /// Learned from a Braid upstream's subscription: reusable only while it is live.
-    pub from_stream: bool,
     /// Set by an unsafe request or the refresh hook: revalidate before reuse.
     pub invalid: bool,
 }
@@ -282,9 +280,6 @@ pub struct Validation {
     pub failed: bool,
     /// Set by write-through and refresh: the state must be revalidated before use.
     pub stale: bool,
-    /// Set while a Braid upstream subscription is open: the state is kept
-    /// current by the upstream's pushes, so it needs no revalidation.
-    pub live: bool,
     /// When the latest successful revalidation ended.
     pub ok_at: Option<Instant>,
 }
@@ -439,12 +434,6 @@ impl Resource {
                 v.ok_at = v.at;
             }
         });
-    }
-
-    /// Records whether a Braid upstream subscription is open.
-    pub fn set_live(&self, live: bool) {
-        self.validated
-            .send_if_modified(|v| std::mem::replace(&mut v.live, live) != live);
     }
 
     /// Records whether the upstream speaks Braid for this resource (it

@@ -149,12 +149,9 @@ impl Router {
                 continue;
             }
             let v = resource.validation();
-            let age = if v.live {
-                0.0
-            } else {
-                v.ok_at
-                    .map_or(f64::INFINITY, |at| at.elapsed().as_secs_f64())
-            };
+            let age = v
+                .ok_at
+                .map_or(f64::INFINITY, |at| at.elapsed().as_secs_f64());
             ages.observe(age);
         }
         ages.render(
@@ -182,7 +179,7 @@ impl Router {
             .filter(|r| r.subscribers() > 0)
             .filter(|r| {
                 let v = r.validation();
-                !v.live && v.ok_at.map_or(true, |at| at.elapsed() > limit)
+                v.ok_at.map_or(true, |at| at.elapsed() > limit)
             })
             .count();
         if stuck > 0 {
@@ -552,12 +549,7 @@ impl Router {
         if stored.version.as_ref().is_some_and(|v| *v != head.version) {
             return None;
         }
-        let outcome = if stored.from_stream {
-            if !resource.validation().live {
-                return None;
-            }
-            CacheOutcome::Live
-        } else if validated_since_arrival {
+        let outcome = if validated_since_arrival {
             // The origin answered while this request waited for that fetch:
             // its answer is as current as one this request would get.
             CacheOutcome::Revalidated
@@ -613,8 +605,7 @@ async fn fetch(
     let request_cc = cache::request_cache_control(req.headers());
     let stored = resource
         .as_ref()
-        .and_then(|r| r.stored())
-        .filter(|s| !s.from_stream);
+        .and_then(|r| r.stored());
     let mut probe = Request::new(());
     *probe.method_mut() = req.method().clone();
     *probe.headers_mut() = req.headers().clone();

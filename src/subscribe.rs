@@ -332,8 +332,6 @@ pub enum CacheOutcome {
     Hit { ttl: i64 },
     /// From stored state after the origin answered 304 to a revalidation.
     Revalidated,
-    /// From stored state kept current by a live Braid upstream subscription.
-    Live,
     /// Fetched from the origin (`fwd` says why) and stored on the way.
     Fetched { fwd: &'static str },
 }
@@ -398,7 +396,6 @@ pub fn serve_stored<B>(
     let status = match outcome {
         CacheOutcome::Hit { ttl } => format!("hit; ttl={ttl}"),
         CacheOutcome::Revalidated => "fwd=stale; fwd-status=304".to_string(),
-        CacheOutcome::Live => "hit; detail=\"braid-subscription\"".to_string(),
         CacheOutcome::Fetched { fwd } => format!("fwd={fwd}; fwd-status=200; stored"),
     };
     if let Ok(v) = HeaderValue::from_str(&format!("\"{cache_id}\"; {status}")) {

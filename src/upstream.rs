@@ -60,7 +60,6 @@ impl Watchers {
     pub async fn watch(self: Arc<Self>, resource: Arc<Resource>, seeded: bool) {
         let validators = resource
             .stored()
-            .filter(|s| !s.from_stream)
             .map(|s| Validators {
                 etag: s.headers.get(header::ETAG).cloned(),
                 last_modified: s.headers.get(header::LAST_MODIFIED).cloned(),
@@ -300,7 +299,7 @@ impl Watchers {
         if resource.written_since(timing.request_time) {
             return;
         }
-        if let Some(stored) = resource.stored().filter(|s| !s.from_stream) {
+        if let Some(stored) = resource.stored() {
             let mut updated = Stored::clone(&stored);
             updated.headers = cache::merge_not_modified(&stored.headers, headers);
             updated.timing = timing;
@@ -372,7 +371,6 @@ impl Watchers {
                 body: if body_is_head { head.body() } else { body },
                 timing,
                 version: body_is_head.then(|| head.version.clone()),
-                from_stream: false,
                 invalid: false,
             }));
             resource.uncacheable.store(false, Relaxed);
