@@ -609,6 +609,7 @@ impl Relays {
         let guard = Subscriber {
             session: session.clone(),
             metrics: self.metrics.clone(),
+            opened: None,
         };
         let before = self.metrics.subscriptions.fetch_add(1, Relaxed);
         let busy = if before >= self.config.max_subscriptions as i64 {
@@ -631,6 +632,9 @@ impl Relays {
             Refusal::UpstreamBroken("the upstream subscription has no head".into())
         })?;
         let tick = session.tick.subscribe();
+        let mut guard = guard;
+        guard.opened = Some(std::time::Instant::now());
+        tracing::info!(target: "subscription", resource = guard.path(), relayed = true, "subscription open");
         let cursor = Cursor {
             next: start,
             tick,
@@ -746,10 +750,28 @@ impl Drop for Pending<'_> {
 struct Subscriber {
     session: Arc<Session>,
     metrics: Arc<Metrics>,
+    /// Set once the subscription is accepted (and its open logged).
+    opened: Option<std::time::Instant>,
+}
+
+impl Subscriber {
+    /// The URL of the session's resource (the first line of its key).
+    fn path(&self) -> &str {
+        self.session.key.split('\n').next().unwrap_or_default()
+    }
 }
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
+        if let Some(opened) = self.opened {
+            tracing::info!(
+                target: "subscription",
+                resource = self.path(),
+                duration_ms = opened.elapsed().as_millis() as u64,
+                relayed = true,
+                "subscription closed"
+            );
+        }
         self.metrics.subscriptions.fetch_sub(1, Relaxed);
         self.session.subscribers.fetch_sub(1, Relaxed);
         self.session.left.notify_one();

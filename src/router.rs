@@ -603,9 +603,7 @@ async fn fetch(
 ) -> Result<Response<Body>, Refusal> {
     let config = &inner.config;
     let request_cc = cache::request_cache_control(req.headers());
-    let stored = resource
-        .as_ref()
-        .and_then(|r| r.stored());
+    let stored = resource.as_ref().and_then(|r| r.stored());
     let mut probe = Request::new(());
     *probe.method_mut() = req.method().clone();
     *probe.headers_mut() = req.headers().clone();

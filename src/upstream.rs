@@ -186,7 +186,8 @@ impl Watchers {
         match self.send(w).await {
             Ok(response) => self.absorb_plain(w, response, sent).await,
             Err(reason) => {
-                warn!(resource = w.resource.key(), %reason, "poll failed");
+                // Logged once, where the failure enters: UpstreamHealth.
+                debug!(resource = w.resource.key(), %reason, "poll failed");
                 false
             }
         }
