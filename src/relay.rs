@@ -257,8 +257,10 @@ impl Relays {
     }
 
     /// An equivalent session to join, or a new one this request opens (true).
+    /// Looks and registers under one lock, so that two first requests
+    /// arriving together open one session, not two.
     fn find_or_open(&self, rkey: &str, braid: &BraidRequest) -> (Arc<Session>, bool) {
-        let sessions = lock(&self.sessions);
+        let mut sessions = lock(&self.sessions);
         if let Some(list) = sessions.get(rkey) {
             for s in list {
                 let tick = s.tick.borrow();
@@ -270,12 +272,25 @@ impl Relays {
                 }
             }
         }
-        drop(sessions);
-        (self.register(rkey, braid), true)
+        let session = Self::new_session(rkey, braid);
+        sessions
+            .entry(rkey.to_string())
+            .or_default()
+            .push(session.clone());
+        (session, true)
     }
 
     fn register(&self, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
-        let session = Arc::new(Session {
+        let session = Self::new_session(rkey, braid);
+        lock(&self.sessions)
+            .entry(rkey.to_string())
+            .or_default()
+            .push(session.clone());
+        session
+    }
+
+    fn new_session(rkey: &str, braid: &BraidRequest) -> Arc<Session> {
+        Arc::new(Session {
             key: rkey.to_string(),
             opened_with: braid.parents.clone().filter(|p| !p.is_empty()),
             head: Mutex::new(None),
@@ -284,12 +299,7 @@ impl Relays {
             tick: watch::channel(Tick::default()).0,
             subscribers: AtomicUsize::new(0),
             left: Notify::new(),
-        });
-        lock(&self.sessions)
-            .entry(rkey.to_string())
-            .or_default()
-            .push(session.clone());
-        session
+        })
     }
 
     fn unregister(&self, session: &Arc<Session>) {
