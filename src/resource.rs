@@ -32,6 +32,8 @@ pub enum State {
         body: Bytes,
         content_type: Option<String>,
         etag: Option<String>,
+        /// The origin's `Content-Language`, carried by snapshots.
+        language: Option<String>,
     },
     /// 404 or 410: the resource is gone (for now).
     Missing { status: u16 },
@@ -111,17 +113,25 @@ impl Head {
             .clone()
     }
 
-    /// The headers a snapshot of this state carries: `Content-Type` (so a
-    /// proxy following this one learns it with the body) and `Repr-Digest`.
+    /// The headers a snapshot of this state carries: the representation
+    /// headers that describe its body, `Content-Type` and
+    /// `Content-Language` (so a proxy following this one learns them with
+    /// the body; a coded body is never a Braid state), and `Repr-Digest`.
     fn snapshot_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let mut headers = Vec::new();
         if let State::Present {
-            content_type: Some(ct),
+            content_type,
+            language,
             ..
         } = &self.state
         {
-            if let Ok(v) = HeaderValue::from_str(ct) {
-                headers.push((http::header::CONTENT_TYPE, v));
+            for (name, value) in [
+                (http::header::CONTENT_TYPE, content_type),
+                (http::header::CONTENT_LANGUAGE, language),
+            ] {
+                if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+                    headers.push((name, v));
+                }
             }
         }
         if let Ok(v) = HeaderValue::from_str(&self.digest) {
@@ -691,11 +701,13 @@ fn same_strong(a: &State, b: &State) -> bool {
                 body: a_body,
                 content_type: a_type,
                 etag: Some(a_tag),
+                ..
             },
             State::Present {
                 body: b_body,
                 content_type: b_type,
                 etag: Some(b_tag),
+                ..
             },
         ) => {
             strong_etag(a_tag).is_some_and(|a| Some(a) == strong_etag(b_tag))
@@ -1073,6 +1085,7 @@ mod tests {
             body: Bytes::from_static(b"hello"),
             content_type: None,
             etag: None,
+            language: None,
         });
         assert_eq!(present, repr_digest(b"hello"));
         let (missing_version, missing) = version_of(&State::Missing { status: 404 });

@@ -252,12 +252,18 @@ impl Subscriptions {
             }
         }
         if let State::Present {
-            content_type: Some(ct),
+            content_type,
+            language,
             ..
         } = &current.state
         {
-            if let Ok(v) = HeaderValue::from_str(ct) {
-                h.insert(header::CONTENT_TYPE, v);
+            for (name, value) in [
+                (header::CONTENT_TYPE, content_type),
+                (header::CONTENT_LANGUAGE, language),
+            ] {
+                if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+                    h.insert(name, v);
+                }
             }
         }
         Ok(response)

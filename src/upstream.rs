@@ -341,6 +341,7 @@ impl Watchers {
                 body: body.clone(),
                 content_type: text_header(headers, header::CONTENT_TYPE),
                 etag: text_header(headers, header::ETAG),
+                language: text_header(headers, header::CONTENT_LANGUAGE),
             }),
             StatusCode::NOT_FOUND | StatusCode::GONE => Some(State::Missing {
                 status: status.as_u16(),

@@ -290,6 +290,7 @@ impl Write<'_> {
         let State::Present {
             body: old,
             content_type,
+            language,
             ..
         } = &head.state
         else {
@@ -358,6 +359,7 @@ impl Write<'_> {
                     body: new,
                     content_type,
                     etag,
+                    language: language.clone(),
                 };
                 Some(self.record(&head, braid, state, patches))
             }

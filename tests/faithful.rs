@@ -623,3 +623,32 @@ async fn every_answer_carries_via() {
     let (_s, sub) = subscribe_until(p.addr, "/x", &[], "\r\n\r\n").await;
     assert!(sub.to_lowercase().contains("via: 1.1 faithful"), "{sub}");
 }
+
+#[tokio::test]
+async fn snapshots_carry_the_representation_headers() {
+    let origin = Origin::start(|_, _| {
+        respond(
+            &[
+                ("content-type", "text/plain; charset=utf-8"),
+                ("content-language", "fr"),
+            ],
+            "bonjour",
+        )
+    })
+    .await;
+    let p = proxy(&origin, |_| {}).await;
+    let (_s, text) = subscribe_until(p.addr, "/fr", &[], "bonjour").await;
+    let (head, body) = text.split_once("\r\n\r\n").expect("a 209 head");
+    assert!(
+        head.to_lowercase().contains("content-language: fr"),
+        "{head}"
+    );
+    assert!(
+        body.contains("Content-Language: fr"),
+        "the snapshot says it: {body}"
+    );
+    assert!(
+        body.contains("Content-Type: text/plain; charset=utf-8"),
+        "{body}"
+    );
+}
