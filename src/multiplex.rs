@@ -165,6 +165,20 @@ fn checked_id(id: Option<&str>, what: &str, limits: &Limits) -> Result<String, R
     Ok(id.to_string())
 }
 
+/// Whether the response to a multiplexed request goes into the multiplexer
+/// (answered `293` here), or straight back to the request as it is.
+///
+/// braid-http's server multiplexes whatever its handler answers, but a
+/// failure before its multiplexing code runs (a 500 from middleware) comes
+/// back as a plain response, which its client returns as is, and a `293`
+/// carrying a wrong `Multiplex-Version` is a protocol error it reports. The
+/// proxy keeps both visible: a 5xx (from the upstream, or the proxy's own
+/// 502/503/504) and an upstream's own `293` are answered directly, as the
+/// upstream gave them, instead of being wrapped inside the stream.
+pub fn belongs_inside(status: StatusCode) -> bool {
+    !(status.is_server_error() || status.as_u16() == 293)
+}
+
 /// Removes the multiplexing headers from a request about to be served
 /// inside a multiplexer.
 pub fn strip<B>(req: &mut Request<B>) {

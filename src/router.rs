@@ -296,7 +296,9 @@ impl Router {
 
     /// A multiplexer request, or a request answered through a multiplexer:
     /// routed as any other request (without its multiplexing headers), its
-    /// response put into the multiplexer and a 293 answered here.
+    /// response put into the multiplexer and a 293 answered here; a 5xx or
+    /// an upstream's own 293 is answered directly instead (see
+    /// [`multiplex::belongs_inside`]).
     async fn multiplexed(
         &self,
         mut req: Request<Incoming>,
@@ -316,6 +318,12 @@ impl Router {
                     Err(refusal) => refusal.into_response(),
                 };
                 self.name_in_via(&mut response);
+                if !multiplex::belongs_inside(response.status()) {
+                    // Answered as is, outside the multiplexer; dropping the
+                    // reservation frees the request id.
+                    drop(reservation);
+                    return Ok(response);
+                }
                 Ok(reservation.attach(response))
             }
         }

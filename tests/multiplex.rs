@@ -448,3 +448,60 @@ async fn a_stalled_multiplexer_gets_collapsed_updates() {
         );
     }
 }
+
+/// A plain GET through multiplexer `mux` as request `rid`.
+fn plain_through(mux: &str, rid: &str, path: &str) -> Request<Full<Bytes>> {
+    let value = format!("/.well-known/multiplexer/{mux}/{rid}");
+    request(
+        "GET",
+        path,
+        &[("multiplex-version", "1.0"), ("multiplex-through", &value)],
+    )
+}
+
+/// braid-http's client takes a response that says nothing of multiplexing
+/// as is (a 500 from before the server's multiplexing code, "random 500
+/// error while multiplexing"), and reports a 293 with another
+/// Multiplex-Version as a protocol error ("failing to establish multiplexed
+/// request because of version"). So a 5xx and an upstream's own 293 are
+/// answered directly, as the upstream gave them, not wrapped in the stream;
+/// the request id stays free for the client's next try.
+#[tokio::test]
+async fn upstream_errors_and_an_upstream_293_are_answered_directly() {
+    let origin = common::serve(|req| {
+        let (status, extra, body) = match req.uri().path() {
+            "/boom" => (500, None, ""),
+            "/odd" => (293, Some(("multiplex-version", "wrong")), "ok"),
+            _ => (200, None, "fine"),
+        };
+        let mut b = Response::builder().status(status);
+        if let Some((k, v)) = extra {
+            b = b.header(k, v);
+        }
+        b.body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("response")
+    })
+    .await;
+    let (addr, _) = common::proxy_for(origin, |_| {}).await;
+    let mut mux = open(addr, "direct").await;
+
+    let boom = send(addr, plain_through("direct", "r", "/boom")).await;
+    assert_eq!(boom.status(), 500);
+    assert!(boom.headers().get("multiplex-version").is_none());
+    assert!(boom.headers().get("multiplex-through").is_none());
+
+    let odd = send(addr, plain_through("direct", "r", "/odd")).await;
+    assert_eq!(odd.status(), 293);
+    assert_eq!(odd.headers()["multiplex-version"], "wrong");
+    assert_eq!(common::body_of(odd).await, "ok");
+
+    // The id was never taken: the same request id is multiplexed now, and
+    // the first response the stream carries is this one.
+    expect_293(addr, plain_through("direct", "r", "/fine")).await;
+    mux.until("the fine answer", |m| m.closed.iter().any(|c| c == "r"))
+        .await;
+    let text = &mux.texts["r"];
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nfine"), "{text}");
+    assert_eq!(mux.texts.len(), 1, "nothing else went into the stream");
+}
