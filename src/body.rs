@@ -106,6 +106,64 @@ where
         .boxed_unsync()
 }
 
+/// A byte budget shared by the copies [`tee`] keeps of answers in flight,
+/// so that many large answers streaming at once cannot outgrow memory.
+#[derive(Debug)]
+pub struct CopyBudget {
+    used: std::sync::atomic::AtomicUsize,
+    limit: usize,
+}
+
+/// Bytes reserved from a [`CopyBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<CopyBudget>,
+    bytes: usize,
+}
+
+impl CopyBudget {
+    pub fn new(limit: usize) -> CopyBudget {
+        CopyBudget {
+            used: 0.into(),
+            limit,
+        }
+    }
+
+    /// Reserves `bytes`, or `None` when the budget has no room for them.
+    pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut used = self.used.load(Relaxed);
+        loop {
+            let next = used.checked_add(bytes).filter(|n| *n <= self.limit)?;
+            match self
+                .used
+                .compare_exchange_weak(used, next, Relaxed, Relaxed)
+            {
+                Ok(_) => {
+                    return Some(Reservation {
+                        budget: self.clone(),
+                        bytes,
+                    })
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.used.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget
+            .used
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// What a [`tee`] does with the whole body once it has passed through.
 pub type OnComplete = Box<dyn FnOnce(Bytes) + Send>;
 
@@ -190,5 +248,24 @@ impl<G: Unpin> http_body::Body for Tee<G> {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copy_budget_is_shared_and_given_back() {
+        let budget = Arc::new(CopyBudget::new(100));
+        let a = budget.reserve(60).expect("room");
+        assert!(budget.reserve(50).is_none(), "over the limit");
+        let b = budget.reserve(40).expect("room");
+        assert_eq!(budget.used(), 100);
+        drop(a);
+        assert_eq!(budget.used(), 40);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+        assert!(budget.reserve(101).is_none());
     }
 }

@@ -41,6 +41,8 @@ struct Inner {
     cors: Cors,
     writes: Writes,
     multiplexers: Multiplexers,
+    /// Bytes of origin answers being copied into state while they stream.
+    copies: Arc<body::CopyBudget>,
 }
 
 impl Router {
@@ -94,6 +96,7 @@ impl Router {
         };
         let cors = Cors::new(config.cors_origins.clone());
         let writes = Writes::new(watchers.clone(), &config);
+        let state_bytes = config.state_bytes;
         let inner = Inner {
             config,
             client,
@@ -106,6 +109,7 @@ impl Router {
             cors,
             writes,
             multiplexers: Multiplexers::new(multiplex::Limits::default()),
+            copies: Arc::new(body::CopyBudget::new(state_bytes / 4)),
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -686,6 +690,15 @@ async fn fetch(
             .is_some_and(|n| n > config.max_body_bytes)
             .then_some("too large")
     });
+    // The copy kept while the answer streams through counts against a
+    // budget shared by all requests in flight; over it, the answer is only
+    // passed on.
+    let copy_limit = declared.unwrap_or(config.max_body_bytes);
+    let copy = match not_stored {
+        None => inner.copies.reserve(copy_limit),
+        Some(_) => None,
+    };
+    let not_stored = not_stored.or_else(|| copy.is_none().then_some("busy"));
     let mut response = proxy::downstream_response(response, config);
     let target: Result<Arc<Resource>, &'static str> = match not_stored {
         Some(reason) => Err(reason),
@@ -732,8 +745,10 @@ async fn fetch(
                 // The version is a hash of the body: read it (it is
                 // within max-body-bytes) so this answer can name it.
                 Metrics::inc(&inner.metrics.cache_misses_total);
-                return fetch_whole(inner.clone(), response, probe, target, timing, fwd, guard)
-                    .await;
+                let held = fetch_whole(inner.clone(), response, probe, target, timing, fwd, guard);
+                let answer = held.await;
+                drop(copy);
+                return answer;
             }
             if let Some(v) =
                 announced.and_then(|v| HeaderValue::from_str(&v.to_header_value()).ok())
@@ -764,7 +779,7 @@ async fn fetch(
                 watchers.absorb_fetched(&target, status, &headers, bytes, timing, true);
                 target.validated(true);
             });
-            *response.body_mut() = body::tee(body, config.max_body_bytes, guard, done);
+            *response.body_mut() = body::tee(body, copy_limit, (guard, copy), done);
             format!("fwd={fwd}; fwd-status={}; stored", status.as_u16())
         }
     };

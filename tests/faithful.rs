@@ -653,3 +653,22 @@ async fn snapshots_carry_the_representation_headers() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn copies_of_answers_in_flight_share_a_budget() {
+    // The copy budget is a quarter of --state-bytes: 512 KiB here, so a
+    // 600 KB answer streams through without being stored.
+    let big = Bytes::from(vec![b'y'; 600_000]);
+    let origin =
+        Origin::start(move |_, _| respond(&[("cache-control", "max-age=60")], big.clone())).await;
+    let p = proxy(&origin, |c| c.state_bytes = 2 * 1024 * 1024).await;
+    let first = get(p.addr, "/huge", &[]).await;
+    assert_eq!(body(&first).len(), 600_000, "the client gets it all");
+    assert!(
+        first.contains("not stored: busy"),
+        "{}",
+        &first[..first.find("\r\n\r\n").unwrap_or(0)]
+    );
+    get(p.addr, "/huge", &[]).await;
+    assert_eq!(origin.count(), 2, "nothing was stored");
+}
