@@ -187,8 +187,9 @@ pub struct Timing {
     pub response_time: SystemTime,
 }
 
+#[cfg(test)]
 impl Timing {
-    pub fn now() -> Timing {
+    fn now() -> Timing {
         let now = SystemTime::now();
         Timing {
             request_time: now,

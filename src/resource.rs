@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -277,19 +276,13 @@ pub struct Resource {
     last_used: Mutex<Instant>,
     /// Held while a change is recorded: the watcher and patch writes both publish.
     publishing: Mutex<()>,
-    /// Set by the watcher when the upstream answered `Subscribe` with 209.
-    braid_upstream: AtomicBool,
 }
 
 /// The outcome of the latest revalidation.
 #[derive(Debug, Clone, Default)]
 pub struct Validation {
+    /// Bumped after every attempt, successful or not.
     pub generation: u64,
-    pub at: Option<Instant>,
-    /// Set when the latest attempt failed; plain GETs then go to the origin.
-    pub failed: bool,
-    /// Set by write-through and refresh: the state must be revalidated before use.
-    pub stale: bool,
     /// When the latest successful revalidation ended.
     pub ok_at: Option<Instant>,
 }
@@ -325,7 +318,6 @@ impl Resource {
             validated: watch::channel(Validation::default()).0,
             last_used: Mutex::new(Instant::now()),
             publishing: Mutex::new(()),
-            braid_upstream: AtomicBool::new(false),
         }
     }
 
@@ -427,9 +419,9 @@ impl Resource {
         self.validated.subscribe()
     }
 
-    /// Marks the state stale and wakes the watcher (write-through, refresh hook).
+    /// Wakes the watcher for a revalidation now (write-through, refresh
+    /// hook); stored answers are invalidated by [`Resource::invalidate`].
     pub fn refresh(&self) {
-        self.validated.send_modify(|v| v.stale = true);
         self.wake.notify_one();
     }
 
@@ -437,24 +429,10 @@ impl Resource {
     pub fn validated(&self, ok: bool) {
         self.validated.send_modify(|v| {
             v.generation += 1;
-            v.at = Some(Instant::now());
-            v.failed = !ok;
             if ok {
-                v.stale = false;
-                v.ok_at = v.at;
+                v.ok_at = Some(Instant::now());
             }
         });
-    }
-
-    /// Records whether the upstream speaks Braid for this resource (it
-    /// answered `Subscribe` with 209), as the watcher last learned.
-    pub fn set_braid_upstream(&self, braid: bool) {
-        self.braid_upstream.store(braid, Ordering::Relaxed);
-    }
-
-    /// Whether the upstream is known to speak Braid for this resource.
-    pub fn braid_upstream(&self) -> bool {
-        self.braid_upstream.load(Ordering::Relaxed)
     }
 
     /// The history position of a version, if it is the head or still in the window.

@@ -333,6 +333,16 @@ impl Router {
         }
     }
 
+    /// The registry key of a request (its variant), and the host it named.
+    fn request_key<B>(&self, req: &Request<B>) -> (Key, String) {
+        let host = proxy::request_host(req).unwrap_or_default();
+        let key = self
+            .inner
+            .registry
+            .key_for(&key_of(req), req.headers(), &host);
+        (key, host)
+    }
+
     /// A write carrying Braid patches: as it is to a Braid upstream, else
     /// applied by the proxy (see [`crate::writes`]).
     async fn patch_write(
@@ -341,17 +351,16 @@ impl Router {
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
-        let path = key_of(&req);
-        let host = proxy::request_host(&req).unwrap_or_default();
-        let key = inner.registry.key_for(&path, req.headers(), &host);
+        if inner.relays.is_braid() {
+            return self.unsafe_method(req).await;
+        }
+        let (key, _) = self.request_key(&req);
+        let path = key.path.clone();
         let (resource, _, ()) = inner.registry.get_or_create(
             &key,
             || proxy::watcher_template(&req, &inner.config),
             |_| (),
         )?;
-        if resource.braid_upstream() || inner.relays.is_braid() {
-            return self.unsafe_method(req).await;
-        }
         let response = inner
             .writes
             .apply(req, &braid, resource.clone(), &inner.config)
@@ -402,8 +411,7 @@ impl Router {
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
-        let host = proxy::request_host(&req).unwrap_or_default();
-        let key = inner.registry.key_for(&key_of(&req), req.headers(), &host);
+        let (key, _) = self.request_key(&req);
         // A Braid upstream (or one not known yet) gets the client's own
         // request; a plain origin's first answer seeds the polled resource.
         // `joined`: an equivalent request's answer just showed a plain
@@ -493,8 +501,7 @@ impl Router {
             };
             return Ok(with_cache_status(response, &inner.config.proxy_id, detail));
         }
-        let host = proxy::request_host(&req).unwrap_or_default();
-        let key = inner.registry.key_for(&key_of(&req), h, &host);
+        let (key, host) = self.request_key(&req);
         let resource = inner.registry.get(&key);
         if let Some(resource) = &resource {
             if let Some(response) =
