@@ -16,6 +16,25 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type of every response the proxy writes and every request it sends.
 pub type Body = UnsyncBoxBody<Chunk, BoxError>;
 
+/// The body of a client request as the router sees it: hyper's `Incoming`
+/// boxed, or an empty body for a request the proxy parsed itself
+/// ([`crate::fastpath`]).
+/// (`Sync` too, as `Incoming` is: requests are borrowed across awaits.)
+/// Its error is hyper's (an empty body never fails), a concrete type.
+pub type RequestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+
+/// hyper's body (a client's request, or an upstream's response) as a [`RequestBody`].
+pub fn incoming(body: hyper::body::Incoming) -> RequestBody {
+    body.boxed()
+}
+
+/// An empty [`RequestBody`].
+pub fn no_request_body() -> RequestBody {
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
+}
+
 /// A chunk of body data: shared [`Bytes`], plus an optional guard that counts
 /// it as pending in the metrics until the connection has written (dropped) it.
 pub struct Chunk {

@@ -127,6 +127,9 @@ pub struct Args {
     /// How long downstream streams of a Braid upstream stay open while the proxy resumes an ended or broken upstream subscription itself; 0 ends them with it and clients resume with Parents [default: 0]
     #[arg(long, value_name = "DURATION")]
     pub hold_upstream_breaks: Option<String>,
+    /// braid-http's multiplexing: `terminate` (the proxy serves multiplexers itself, from its shared state: fan-out kept) or `relay` (multiplexer requests go to the upstream as they are, for a Braid upstream whose own multiplexer clients rely on; multiplexed subscriptions then each cost an upstream request) [default: terminate]
+    #[arg(long, value_name = "MODE")]
+    pub multiplex: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
@@ -220,6 +223,17 @@ pub struct Config {
     pub max_streams_per_connection: u32,
     pub upstream_kind: UpstreamKind,
     pub hold_upstream_breaks: Duration,
+    pub multiplex: MultiplexMode,
+}
+
+/// Who serves braid-http's multiplexing (`--multiplex`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MultiplexMode {
+    /// The proxy: multiplexed subscriptions share its state and fan-out.
+    #[default]
+    Terminate,
+    /// The upstream: multiplexer requests pass through as they are.
+    Relay,
 }
 
 /// What the upstream is (`--upstream-kind`).
@@ -268,6 +282,7 @@ impl Default for Config {
             max_streams_per_connection: 10_000,
             upstream_kind: UpstreamKind::Auto,
             hold_upstream_breaks: Duration::ZERO,
+            multiplex: MultiplexMode::Terminate,
         }
     }
 }
@@ -373,7 +388,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 31] = [
+        let pairs: [(&'static str, Option<String>); 32] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -410,6 +425,7 @@ impl Config {
             ),
             ("upstream-kind", args.upstream_kind),
             ("hold-upstream-breaks", args.hold_upstream_breaks),
+            ("multiplex", args.multiplex),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -537,6 +553,13 @@ impl Config {
                 }
                 self.hold_upstream_breaks = d;
             }
+            "multiplex" => {
+                self.multiplex = match v.trim() {
+                    "terminate" => MultiplexMode::Terminate,
+                    "relay" => MultiplexMode::Relay,
+                    other => return Err(e(format!("`{other}` is not terminate or relay"))),
+                }
+            }
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
         }
@@ -578,6 +601,7 @@ pub const KEYS: &[&str] = &[
     "max-streams-per-connection",
     "upstream-kind",
     "hold-upstream-breaks",
+    "multiplex",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {
@@ -731,5 +755,9 @@ mod tests {
         assert_eq!(c.upstream_kind, UpstreamKind::Rest);
         assert!(c.set("upstream-kind", "maybe").is_err());
         assert!(c.set("hold-upstream-breaks", "2h").is_err());
+        assert_eq!(c.multiplex, MultiplexMode::Terminate);
+        c.set("multiplex", "relay").unwrap();
+        assert_eq!(c.multiplex, MultiplexMode::Relay);
+        assert!(c.set("multiplex", "both").is_err());
     }
 }

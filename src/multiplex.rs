@@ -145,6 +145,15 @@ pub fn classify<B>(req: &Request<B>, limits: &Limits) -> Result<Option<Intent>, 
     Ok(Some(Intent::Through { mux, request }))
 }
 
+/// Whether a request takes part in multiplexing at all (a multiplexer URL
+/// or method, or `Multiplex-Through`), judged without validating it: with
+/// `--multiplex relay` such requests go to the upstream as they are.
+pub fn is_multiplexing<B>(req: &Request<B>) -> bool {
+    req.method().as_str() == "MULTIPLEX"
+        || req.uri().path().starts_with(WELL_KNOWN)
+        || req.headers().contains_key("multiplex-through")
+}
+
 /// An id as braid-http makes them: base64url characters, bounded length.
 fn checked_id(id: Option<&str>, what: &str, limits: &Limits) -> Result<String, Refusal> {
     let id = id.unwrap_or_default();

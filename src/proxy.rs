@@ -508,7 +508,7 @@ pub fn downstream_response(response: Response<Incoming>, config: &Config) -> Res
 
 /// Plain pass-through of one request.
 pub async fn pass_through(
-    req: Request<Incoming>,
+    req: Request<crate::body::RequestBody>,
     client: &UpstreamClient,
     config: &Config,
 ) -> Result<Response<Body>, Refusal> {

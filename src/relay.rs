@@ -35,7 +35,7 @@ use hyper::body::Incoming;
 use tokio::sync::{watch, Notify};
 use tracing::debug;
 
-use crate::body::{Body, Chunk};
+use crate::body::{Body, Chunk, RequestBody};
 use crate::braid::{self, Framer, Piece, VersionList};
 use crate::cache::Timing;
 use crate::config::{Config, UpstreamKind};
@@ -214,7 +214,7 @@ impl Relays {
     /// whose window holds where it starts, or sends it upstream.
     pub async fn subscribe(
         self: &Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         braid: &BraidRequest,
         key: &Key,
     ) -> Result<Relayed, Refusal> {
@@ -327,7 +327,7 @@ impl Relays {
     /// Sends the opener's request upstream and relays the answer.
     async fn open(
         self: &Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         session: Arc<Session>,
     ) -> Result<Relayed, Refusal> {
         let template = proxy::watcher_template(&req, &self.config);

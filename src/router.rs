@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::body::{self, Body, BoxError};
+use crate::body::{self, Body, BoxError, RequestBody};
 use crate::cache::{self, Reuse, Timing};
-use crate::config::Config;
+use crate::config::{Config, MultiplexMode};
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::multiplex::{self, Multiplexers};
@@ -237,7 +236,7 @@ impl Router {
     }
 
     /// Handles one client request; never fails, errors become responses.
-    pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    pub async fn handle(&self, mut req: Request<RequestBody>, conn: ConnInfo) -> Response<Body> {
         let started = Instant::now();
         Metrics::inc(&self.inner.metrics.requests_total);
         req.extensions_mut().insert(conn);
@@ -276,12 +275,16 @@ impl Router {
         }
     }
 
-    async fn route(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+    async fn route(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
         let config = &inner.config;
         proxy::request_filter(&req, config)?;
         if let Some(preflight) = inner.cors.preflight(&req) {
             return Ok(preflight);
+        }
+        if config.multiplex == MultiplexMode::Relay && multiplex::is_multiplexing(&req) {
+            // The upstream's own multiplexer serves these (spec/multiplex.md).
+            return self.pass_through(req).await;
         }
         if let Some(intent) = multiplex::classify(&req, inner.multiplexers.limits())? {
             return self.multiplexed(req, intent).await;
@@ -305,7 +308,7 @@ impl Router {
     /// [`multiplex::belongs_inside`]).
     async fn multiplexed(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<RequestBody>,
         intent: multiplex::Intent,
     ) -> Result<Response<Body>, Refusal> {
         let multiplexers = &self.inner.multiplexers;
@@ -347,7 +350,7 @@ impl Router {
     /// applied by the proxy (see [`crate::writes`]).
     async fn patch_write(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
@@ -377,7 +380,7 @@ impl Router {
         Ok(response)
     }
 
-    async fn pass_through(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+    async fn pass_through(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         proxy::pass_through(req, &self.inner.client, &self.inner.config).await
     }
 
@@ -385,7 +388,7 @@ impl Router {
     /// invalidates the URL, and the same-origin `Location` and
     /// `Content-Location` it names (RFC 9111 §4.4), and revalidates their
     /// watchers at once (write-through).
-    async fn unsafe_method(&self, req: Request<Incoming>) -> Result<Response<Body>, Refusal> {
+    async fn unsafe_method(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         let path = key_of(&req);
         let host = proxy::request_host(&req);
         let response = self.pass_through(req).await?;
@@ -407,7 +410,7 @@ impl Router {
 
     async fn subscribe(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
@@ -473,7 +476,7 @@ impl Router {
     /// answer then seeds the state.
     async fn get(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
@@ -601,7 +604,7 @@ impl Router {
     /// answer; a storable answer is streamed to the client as it is stored.
     fn fetch(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         key: Key,
         host: String,
         resource: Option<Arc<Resource>>,
@@ -614,7 +617,7 @@ impl Router {
 /// See [`Router::fetch`].
 async fn fetch(
     inner: Arc<Inner>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     key: Key,
     host: String,
     resource: Option<Arc<Resource>>,

@@ -14,12 +14,14 @@ use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
 use crate::admin;
 use crate::body::BoxError;
 use crate::config::Config;
+use crate::fastpath;
 use crate::proxy::ConnInfo;
 use crate::router::Router;
 
@@ -76,6 +78,7 @@ impl Server {
         let router = Router::new(config)?;
         let graceful = GracefulShutdown::new();
         let builder = Arc::new(Builders::new(router.config()));
+        let fast = Arc::new(FastPath::default());
 
         let admin_task = admin.map(|admin_listener| {
             let router = router.clone();
@@ -87,7 +90,7 @@ impl Server {
             tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => serve_connection(stream, peer, &builder, &router, &graceful),
+                    Ok((stream, peer)) => serve_connection(stream, peer, &builder, &router, &graceful, &fast),
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
                         warn!(error = %e, "accept failed");
@@ -102,10 +105,11 @@ impl Server {
         if let Some(task) = admin_task {
             task.abort();
         }
-        if tokio::time::timeout(grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
+        let drained = async {
+            graceful.shutdown().await;
+            fast.drained().await;
+        };
+        if tokio::time::timeout(grace, drained).await.is_err() {
             warn!(
                 ?grace,
                 "grace period over; closing the remaining connections"
@@ -195,12 +199,54 @@ fn limit_unsent(stream: &TcpStream, lowat: usize) {
     }
 }
 
+/// Reads and drops the `n` bytes of a request head already peeked at.
+async fn consume(stream: &mut TcpStream, n: usize) -> std::io::Result<()> {
+    let mut head = vec![0u8; n];
+    stream.read_exact(&mut head).await.map(drop)
+}
+
+/// Counts the connections answering on the fast path, so that shutdown
+/// waits for them as hyper's graceful watcher waits for its own.
+#[derive(Default)]
+struct FastPath {
+    active: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+struct Active(Arc<FastPath>);
+
+impl FastPath {
+    fn enter(self: &Arc<Self>) -> Active {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        Active(self.clone())
+    }
+
+    async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.active.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     builder: &Arc<Builders>,
     router: &Router,
     graceful: &GracefulShutdown,
+    fast: &Arc<FastPath>,
 ) {
     let _ = stream.set_nodelay(true);
     limit_unsent(&stream, router.config().notsent_lowat);
@@ -213,6 +259,7 @@ fn serve_connection(
     let router = router.clone();
     let builder = builder.clone();
     let watcher = graceful.watcher();
+    let fast = fast.clone();
     tokio::spawn(async move {
         // The header-read timeout also covers the wait for the first bytes.
         // A connection that has not started a request when shutdown begins
@@ -227,6 +274,22 @@ fn serve_connection(
             Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a request"),
             Err(_) => return debug!(%peer, "no request within the header-read timeout"),
         };
+        let mut stream = stream;
+        if !h2 {
+            // A subscription that arrived whole is answered without hyper.
+            let max_head = router.config().max_header_bytes;
+            if let Some(parsed) = fastpath::peek(&stream, max_head).await {
+                let _active = fast.enter();
+                if consume(&mut stream, parsed.head_len).await.is_err() {
+                    return;
+                }
+                let response = Box::pin(router.handle(parsed.request, conn_info)).await;
+                let after = fastpath::write_response(&stream, response).await;
+                if after == fastpath::After::Close || *closing.borrow() {
+                    return;
+                }
+            }
+        }
         let io = TokioIo::new(stream);
         let result = if h2 {
             // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
@@ -235,9 +298,9 @@ fn serve_connection(
         } else {
             drop(closing);
             let service = service(router, conn_info, None);
-            watcher
-                .watch(builder.http1.serve_connection(io, service))
-                .await
+            // Boxed, so that a connection answered on the fast path does
+            // not carry hyper's connection state in its task.
+            Box::pin(watcher.watch(builder.http1.serve_connection(io, service))).await
         };
         if let Err(e) = result {
             debug!(%peer, error = %e, "connection ended with an error");
@@ -296,11 +359,12 @@ fn service(
     Error = Infallible,
     Future = Answer,
 > + Clone {
-    service_fn(move |req| {
+    service_fn(move |req: http::Request<hyper::body::Incoming>| {
         if let Some(served) = &served {
             served.store(true, Ordering::Relaxed);
         }
         let router = router.clone();
+        let req = req.map(crate::body::incoming);
         Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) }) as Answer
     })
 }

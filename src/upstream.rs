@@ -240,7 +240,7 @@ impl Watchers {
         let body = if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
             Err(BodyFailure::TooLarge)
         } else {
-            self.read_body(body).await
+            self.read_body(crate::body::incoming(body)).await
         };
         let body = match body {
             Ok(body) => body,
@@ -383,7 +383,10 @@ impl Watchers {
     }
 
     /// Reads a body up to the limit, bounded in time by the response timeout.
-    pub(crate) async fn read_body(&self, body: Incoming) -> Result<Bytes, BodyFailure> {
+    pub(crate) async fn read_body(
+        &self,
+        body: crate::body::RequestBody,
+    ) -> Result<Bytes, BodyFailure> {
         let limited = http_body_util::Limited::new(body, self.max_body_bytes);
         match tokio::time::timeout(self.response_timeout, limited.collect()).await {
             Ok(Ok(collected)) => Ok(collected.to_bytes()),

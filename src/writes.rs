@@ -18,7 +18,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::body::Body;
+use crate::body::{Body, RequestBody};
 use crate::braid::{self, DecodeError, DecodeLimits, Patch, PatchError, RangeUnit, VersionList};
 use crate::cache::Timing;
 use crate::config::Config;
@@ -102,7 +102,7 @@ impl Writes {
     /// Applies a patch write to `resource` of a plain origin.
     pub async fn apply(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         braid: &BraidRequest,
         resource: Arc<Resource>,
         config: &Config,
@@ -159,7 +159,7 @@ impl Writes {
     async fn read_patches(
         &self,
         headers: &HeaderMap,
-        incoming: Incoming,
+        incoming: RequestBody,
     ) -> Result<Vec<Patch>, Refusal> {
         let limit = self.watchers.max_body_bytes;
         let too_large = || {
@@ -509,7 +509,11 @@ impl Write<'_> {
 
     /// Reads a body from the origin, up to `--max-body-bytes`.
     async fn read(&self, response: Response<Incoming>) -> Result<Bytes, Refusal> {
-        match self.writes.watchers.read_body(response.into_body()).await {
+        match self
+            .writes
+            .watchers
+            .read_body(crate::body::incoming(response.into_body()))
+            .await {
             Ok(body) => Ok(body),
             Err(BodyFailure::TooLarge) => Err(Refusal::ContentTooLarge(format!(
                 "the document is larger than max-body-bytes ({} bytes); the proxy cannot apply patches to it",

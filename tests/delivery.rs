@@ -112,3 +112,227 @@ async fn a_stalled_reader_resumes_with_little_more_than_one_update() {
         "a stalled reader got {updates} updates on resuming, where its receive buffer plus one collapsed update should be a handful"
     );
 }
+
+// ---------------------------------------------------------------------------
+// The HTTP/1.1 fast path (src/fastpath.rs): a subscription that arrives whole
+// is written to the socket by the proxy itself. What it writes must be what
+// hyper would have written, and the connection must behave as under hyper.
+
+/// Reads from `stream` into `seen` until `done(seen)` holds, bounded in time.
+async fn read_until(stream: &mut TcpStream, seen: &mut Vec<u8>, done: impl Fn(&str) -> bool) {
+    let mut buf = [0u8; 16 * 1024];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done(&String::from_utf8_lossy(seen)) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out; got {:?}",
+            String::from_utf8_lossy(seen)
+        );
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("read in time")
+            .expect("read");
+        assert!(n > 0, "closed; got {:?}", String::from_utf8_lossy(seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// The body of a chunked stream, from the end of the head to the
+/// terminating chunk or to the end of the bytes.
+fn dechunk(raw: &[u8]) -> Vec<u8> {
+    let text = raw;
+    let start = text
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let mut rest = &text[start..];
+    let mut out = Vec::new();
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex"), 16)
+            .expect("chunk size");
+        if size == 0 || rest.len() < eol + 2 + size + 2 {
+            break;
+        }
+        out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+        rest = &rest[eol + 2 + size + 2..];
+    }
+    out
+}
+
+/// Tells the proxy that `path` changed (the refresh hook).
+async fn refresh(admin: std::net::SocketAddr, path: &str) {
+    let mut r = TcpStream::connect(admin).await.expect("connect");
+    let request = format!(
+        "POST /refresh?path={path} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    r.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    r.read_to_end(&mut answer).await.expect("read");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 202"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+async fn metric(admin: std::net::SocketAddr, name: &str) -> f64 {
+    let text = common::body_of(common::get(admin, "/metrics", &[]).await).await;
+    let prefix = format!("braid_proxy_{name} ");
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_string()))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// An origin with `/doc` = "hello", and a proxy (heartbeats off) in front.
+async fn hello_proxy() -> (
+    common::origin::Origin,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let origin = common::origin::Origin::default();
+    origin.set("/doc", "hello");
+    let (proxy, admin) = common::proxy_for(origin.start().await, |c| {
+        c.heartbeat = Duration::ZERO;
+    })
+    .await;
+    (origin, proxy, admin)
+}
+
+/// Subscribes to `/doc` with `extra` header lines; reads up to "hello".
+async fn subscribe_hello(proxy: std::net::SocketAddr, extra: &str) -> (TcpStream, Vec<u8>) {
+    let mut s = TcpStream::connect(proxy).await.expect("connect");
+    let head = format!("GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n{extra}\r\n");
+    s.write_all(head.as_bytes()).await.expect("write");
+    let mut seen = Vec::new();
+    read_until(&mut s, &mut seen, |t| t.contains("hello")).await;
+    (s, seen)
+}
+
+/// The same subscription, once on the fast path and once through hyper (a
+/// `Connection` option keeps it off the fast path): the same status line,
+/// the same headers but `date`, and the same updates, byte for byte.
+#[tokio::test]
+async fn the_fast_path_writes_what_hyper_writes() {
+    let (origin, proxy, admin) = hello_proxy().await;
+    let mut streams = Vec::new();
+    for connection in ["", "Connection: keep-alive, x-hop\r\nX-Hop: 1\r\n"] {
+        streams.push(subscribe_hello(proxy, connection).await);
+    }
+    origin.set("/doc", "hello, world");
+    refresh(admin, "/doc").await;
+    for (s, seen) in &mut streams {
+        read_until(s, seen, |t| t.contains(", world")).await;
+    }
+    let heads: Vec<Vec<String>> = streams
+        .iter()
+        .map(|(_, seen)| {
+            let text = String::from_utf8_lossy(seen);
+            let head = &text[..text.find("\r\n\r\n").expect("head")];
+            let mut lines: Vec<String> = head
+                .lines()
+                .filter(|l| !l.to_ascii_lowercase().starts_with("date:"))
+                .map(|l| l.to_ascii_lowercase())
+                .collect();
+            lines.sort();
+            lines
+        })
+        .collect();
+    assert_eq!(heads[0], heads[1]);
+    assert!(heads[0].contains(&"http/1.1 209 subscription".to_string()));
+    assert!(heads[0].contains(&"transfer-encoding: chunked".to_string()));
+    assert_eq!(dechunk(&streams[0].1), dechunk(&streams[1].1));
+    assert_eq!(metric(admin, "subscriptions").await, 2.0);
+}
+
+/// A client that goes away is noticed at once, with no read buffer: its
+/// subscription (and cursor) is gone.
+#[tokio::test]
+async fn a_fast_path_subscriber_that_leaves_is_dropped() {
+    let (_origin, proxy, admin) = hello_proxy().await;
+    let (s, _) = subscribe_hello(proxy, "").await;
+    assert_eq!(metric(admin, "subscriptions").await, 1.0);
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(admin, "subscriptions").await != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the subscription outlived its client"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A refused subscription (malformed `Parents`) is answered with a length,
+/// and the connection then serves the client's next request.
+#[tokio::test]
+async fn after_a_refusal_the_connection_serves_the_next_request() {
+    let (_origin, proxy, _) = hello_proxy().await;
+    let mut s = TcpStream::connect(proxy).await.expect("connect");
+    s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nParents: not-quoted\r\n\r\n")
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    read_until(&mut s, &mut seen, |t| {
+        t.find("\r\n\r\n").is_some_and(|end| {
+            let len: usize = t[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(usize::MAX);
+            t.len() >= end + 4 + len
+        })
+    })
+    .await;
+    let text = String::from_utf8_lossy(&seen).to_string();
+    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+    s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut next = Vec::new();
+    read_until(&mut s, &mut next, |t| t.ends_with("hello")).await;
+    assert!(next.starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+/// A relayed stream that the upstream ends is ended with the last chunk,
+/// and the connection then serves the client's next request.
+#[tokio::test]
+async fn an_ended_stream_ends_cleanly_and_the_connection_is_reused() {
+    let upstream = common::serve(|req| {
+        if req.headers().contains_key("subscribe") {
+            Response::builder()
+                .status(209)
+                .header("subscribe", "true")
+                .body(Full::new(Bytes::from_static(
+                    b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi\r\n\r\n",
+                )))
+                .expect("209")
+        } else {
+            Response::new(Full::new(Bytes::from_static(b"plain")))
+        }
+    })
+    .await;
+    let (proxy, _) = common::proxy_for(upstream, |c| {
+        c.upstream_kind = braid_proxy::config::UpstreamKind::Braid;
+    })
+    .await;
+    let mut s = TcpStream::connect(proxy).await.expect("connect");
+    s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n")
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    read_until(&mut s, &mut seen, |t| t.ends_with("\r\n0\r\n\r\n")).await;
+    assert!(seen.starts_with(b"HTTP/1.1 209 "));
+    assert_eq!(
+        dechunk(&seen),
+        b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi\r\n\r\n"
+    );
+    s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut next = Vec::new();
+    read_until(&mut s, &mut next, |t| t.ends_with("plain")).await;
+    assert!(next.starts_with(b"HTTP/1.1 200 OK\r\n"));
+}

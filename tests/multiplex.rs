@@ -505,3 +505,67 @@ async fn upstream_errors_and_an_upstream_293_are_answered_directly() {
     assert!(text.ends_with("\r\n\r\nfine"), "{text}");
     assert_eq!(mux.texts.len(), 1, "nothing else went into the stream");
 }
+
+/// `--multiplex relay`: the upstream's own multiplexer serves the client.
+/// Creating, multiplexed requests (with their headers) and DELETEs all
+/// reach the upstream as the client sent them, and its answers (a 293, its
+/// multiplexer's stream, its 409) come back as it gave them.
+#[tokio::test]
+async fn relay_mode_passes_multiplexing_to_the_upstream() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let origin = common::serve(move |req| {
+        let through = req
+            .headers()
+            .get("multiplex-through")
+            .map(|v| v.to_str().unwrap_or("?").to_string());
+        log.lock().unwrap().push(format!(
+            "{} {} {}",
+            req.method(),
+            req.uri().path(),
+            through.as_deref().unwrap_or("-")
+        ));
+        let (status, body) = match (req.method().as_str(), through) {
+            ("POST", _) if req.uri().path().ends_with("/taken") => (409, "taken upstream"),
+            ("POST", _) => (200, "\r\nstart response r1\r\n"),
+            (_, Some(_)) => (293, "Ok."),
+            _ => (200, "deleted"),
+        };
+        Response::builder()
+            .status(status)
+            .header("multiplex-version", "1.0")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("response")
+    })
+    .await;
+    let (addr, _) = common::proxy_for(origin, |c| {
+        c.multiplex = braid_proxy::config::MultiplexMode::Relay;
+    })
+    .await;
+
+    let created = send(addr, versioned("POST", "/.well-known/multiplexer/m1")).await;
+    assert_eq!(created.status(), 200);
+    assert_eq!(
+        common::body_of(created).await,
+        "\r\nstart response r1\r\n",
+        "the upstream's multiplexer stream, as it sent it"
+    );
+    let taken = send(addr, versioned("POST", "/.well-known/multiplexer/taken")).await;
+    assert_eq!(taken.status(), 409);
+    assert_eq!(common::body_of(taken).await, "taken upstream");
+    let answered = send(addr, through("m1", "r1", "/doc")).await;
+    assert_eq!(answered.status(), 293);
+    assert_eq!(answered.headers()["multiplex-version"], "1.0");
+    let deleted = send(addr, versioned("DELETE", "/.well-known/multiplexer/m1/r1")).await;
+    assert_eq!(deleted.status(), 200);
+
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            "POST /.well-known/multiplexer/m1 -",
+            "POST /.well-known/multiplexer/taken -",
+            "GET /doc /.well-known/multiplexer/m1/r1",
+            "DELETE /.well-known/multiplexer/m1/r1 -",
+        ]
+    );
+}
