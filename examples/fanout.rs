@@ -196,7 +196,14 @@ async fn subscriber(
     let Ok(mut stream) = TcpStream::connect(proxy).await else {
         return latencies;
     };
-    let request = b"GET /doc HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n\r\n";
+    // FANOUT_HYPER_PATH=1 adds a Connection option, which keeps the
+    // subscription off the proxy's fast path (src/fastpath.rs): an A/B of
+    // the two HTTP/1.1 paths in one binary.
+    let request: &[u8] = if std::env::var_os("FANOUT_HYPER_PATH").is_some() {
+        b"GET /doc HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\nConnection: keep-alive, x-bench\r\n\r\n"
+    } else {
+        b"GET /doc HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n\r\n"
+    };
     if stream.write_all(request).await.is_err() {
         return latencies;
     }
