@@ -220,6 +220,10 @@ impl Relays {
     ) -> Result<Relayed, Refusal> {
         let rkey = relay_key(key, req.headers());
         let deadline = tokio::time::Instant::now() + self.config.response_timeout;
+        // Let the I/O that is already in (such as the close of a client
+        // that left just before this request came) be processed first, so
+        // that a session whose last subscriber has gone is not joined.
+        tokio::task::yield_now().await;
         loop {
             let (session, opener) = self.find_or_open(&rkey, braid);
             if opener {
@@ -264,7 +268,7 @@ impl Relays {
         if let Some(list) = sessions.get(rkey) {
             for s in list {
                 let tick = s.tick.borrow();
-                if tick.ended || tick.opened == Some(false) {
+                if tick.ended || tick.opened == Some(false) || s.deserted(&tick) {
                     continue;
                 }
                 if tick.opened.is_none() || s.start_for(braid).is_some() {
@@ -316,9 +320,11 @@ impl Relays {
     /// from, if the window holds it.
     fn join(&self, session: &Arc<Session>, braid: &BraidRequest) -> Option<u64> {
         let _sessions = lock(&self.sessions);
-        if session.tick.borrow().ended {
+        let tick = session.tick.borrow();
+        if tick.ended || session.deserted(&tick) {
             return None;
         }
+        drop(tick);
         let start = session.start_for(braid)?;
         session.subscribers.fetch_add(1, Relaxed);
         Some(start)
@@ -676,6 +682,13 @@ impl Over {
 }
 
 impl Session {
+    /// Open, and every subscriber has left: it is closing upstream, and a
+    /// new request opens its own (the upstream sees it, as it would
+    /// without the proxy).
+    fn deserted(&self, tick: &Tick) -> bool {
+        tick.opened == Some(true) && self.subscribers.load(Relaxed) == 0
+    }
+
     /// Where a request would start in this session's window, if it can join.
     fn start_for(&self, braid: &BraidRequest) -> Option<u64> {
         let window = lock(&self.window);

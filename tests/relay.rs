@@ -385,6 +385,42 @@ async fn the_last_subscriber_leaving_closes_the_upstream_subscription_at_once() 
     .await;
 }
 
+/// A client that leaves and at once subscribes again (braid-http's
+/// `forget()` then `get()`) is seen by the upstream twice, as it would be
+/// without the proxy: a session whose last subscriber has gone is closing
+/// and is not joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_leaves_and_comes_back_is_a_new_upstream_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi").await;
+    async fn raw_subscription(addr: SocketAddr) -> tokio::net::TcpStream {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n")
+            .await
+            .expect("write");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.ends_with(b"hi\r\n") {
+            let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+                .await
+                .expect("read in time")
+                .expect("read");
+            assert!(n > 0, "closed early");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        s
+    }
+    for round in 1..=5 {
+        drop(raw_subscription(addr).await);
+        drop(raw_subscription(addr).await);
+        assert_eq!(
+            upstream.requests().len(),
+            2 * round,
+            "every subscription after the last one left reached the upstream"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_and_plain_answers_reach_the_client_as_the_upstream_gave_them() {
     let upstream = Upstream::start(|n, _| match n {
