@@ -92,6 +92,7 @@ struct Args {
     secs: u64,
     payload: usize,
     sources: u8,
+    inflight: usize,
     settle_secs: f64,
     json: Option<String>,
 }
@@ -113,6 +114,7 @@ fn args() -> Args {
         secs: 10,
         payload: 100,
         sources: 64,
+        inflight: 64,
         settle_secs: 1.0,
         json: None,
     };
@@ -153,6 +155,7 @@ fn args() -> Args {
             "--secs" => a.secs = value.parse().expect("--secs S"),
             "--payload" | "--doc-bytes" => a.payload = value.parse().expect("--payload BYTES"),
             "--sources" => a.sources = value.parse().expect("--sources 1..=250"),
+            "--inflight" => a.inflight = value.parse().expect("--inflight N"),
             "--settle" => a.settle_secs = value.parse().expect("--settle SECONDS"),
             "--json" => a.json = Some(value),
             other => panic!("unknown flag {other}"),
@@ -165,6 +168,7 @@ fn args() -> Args {
     );
     assert!(a.subs <= 100_000, "--subs at most 100000");
     assert!((1..=250).contains(&a.sources), "--sources 1..=250");
+    assert!((1..=10_000).contains(&a.inflight), "--inflight 1..=10000");
     assert!(
         a.payload >= 16 && a.payload <= 1 << 20,
         "--payload 16..=1MiB"
@@ -339,6 +343,8 @@ struct Shared {
     target: SocketAddr,
     path: &'static str,
     ready: AtomicU64,
+    /// Subscriptions that failed (no connection, or not a 2xx answer).
+    refused: AtomicU64,
     /// The last update's k once known (0 before); subscribers count
     /// themselves in `got_last` when they see it.
     last_k: AtomicU64,
@@ -375,17 +381,20 @@ async fn subscriber(
     mut control: watch::Receiver<Control>,
 ) -> SubResult {
     let mut result = SubResult::default();
-    let stream = {
-        let Ok(_slot) = shared.connect_slots.acquire().await else {
+    // A slot is held from the connect until the response head arrives, so
+    // that at most `--inflight` subscriptions are being set up at once.
+    let Ok(permit) = shared.connect_slots.acquire().await else {
+        return result;
+    };
+    let mut slot = Some(permit);
+    let connect = connect_from(src, shared.target);
+    let mut stream = match tokio::time::timeout(Duration::from_secs(30), connect).await {
+        Ok(Ok(s)) => s,
+        _ => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
             return result;
-        };
-        let connect = connect_from(src, shared.target);
-        match tokio::time::timeout(Duration::from_secs(30), connect).await {
-            Ok(Ok(s)) => s,
-            _ => return result,
         }
     };
-    let mut stream = stream;
     let request = match shared.system {
         System::Braid => format!(
             "GET {} HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n\r\n",
@@ -394,6 +403,7 @@ async fn subscriber(
         _ => format!("GET {} HTTP/1.1\r\nHost: bench\r\n\r\n", shared.path),
     };
     if stream.write_all(request.as_bytes()).await.is_err() {
+        shared.refused.fetch_add(1, Ordering::Relaxed);
         return result;
     }
     // braid-proxy's updates are told apart by their Version header; the
@@ -423,7 +433,12 @@ async fn subscriber(
         let n = tokio::select! {
             read = stream.read(&mut buf) => match read {
                 Ok(n) if n > 0 => n,
-                _ => return result,
+                _ => {
+                    if !head_done {
+                        shared.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return result;
+                }
             },
             _ = control.changed() => continue,
         };
@@ -436,19 +451,23 @@ async fn subscriber(
         if !head_done {
             let Some(i) = find(&carry, b"\r\n\r\n") else {
                 if carry.len() > 64 * 1024 {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
                     return result;
                 }
                 continue;
             };
             // "HTTP/1.1 2xx": 200 for the peers, 209 for braid-proxy.
             if carry.get(9) != Some(&b'2') {
+                let status = carry.split(|&b| b == b'\r').next().unwrap_or_default();
                 eprintln!(
                     "subscription refused: {}",
-                    String::from_utf8_lossy(&carry[..i.min(200)])
+                    String::from_utf8_lossy(&status[..status.len().min(100)])
                 );
+                shared.refused.fetch_add(1, Ordering::Relaxed);
                 return result;
             }
             head_done = true;
+            drop(slot.take());
             result.ready = true;
             shared.ready.fetch_add(1, Ordering::Relaxed);
             pos = i + 4;
@@ -665,10 +684,11 @@ async fn main() {
         target,
         path,
         ready: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
         last_k: AtomicU64::new(0),
         got_last: AtomicU64::new(0),
         schedule: tokio::sync::OnceCell::new(),
-        connect_slots: Semaphore::new(200),
+        connect_slots: Semaphore::new(a.inflight),
     });
     let (control, controlled) = watch::channel(Control::Read);
 
@@ -685,7 +705,7 @@ async fn main() {
         )));
     }
     wait_until(Instant::now() + Duration::from_secs(20), || {
-        shared.ready.load(Ordering::Relaxed) >= WARM as u64
+        shared.ready.load(Ordering::Relaxed) + shared.refused.load(Ordering::Relaxed) >= WARM as u64
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -702,7 +722,7 @@ async fn main() {
     }
     let all = (WARM + a.subs) as u64;
     wait_until(Instant::now() + Duration::from_secs(120), || {
-        shared.ready.load(Ordering::Relaxed) >= all
+        shared.ready.load(Ordering::Relaxed) + shared.refused.load(Ordering::Relaxed) >= all
     })
     .await;
     let connect_secs = connect_start.elapsed().as_secs_f64();
@@ -715,20 +735,23 @@ async fn main() {
     let per_sub_kib = (subscribed.rss as f64 - base.rss as f64) / connected.max(1) as f64;
     let per_sub_pss_kib = (subscribed.pss as f64 - base.pss as f64) / connected.max(1) as f64;
     println!(
-        "{}: {connected}/{} subscribed in {connect_secs:.1} s ({} processes): \
+        "{}: {connected}/{} subscribed ({} refused) in {connect_secs:.1} s ({} processes): \
          RSS {} -> {} KiB, {per_sub_kib:.2} KiB each (Pss {per_sub_pss_kib:.2} KiB each)",
         name(a.system),
         a.subs,
+        shared.refused.load(Ordering::Relaxed),
         subscribed.processes,
         base.rss,
         subscribed.rss
     );
+    let mut failed = connected == 0;
     let mut report = serde_json::json!({
         "system": name(a.system),
         "scenario": format!("{:?}", a.scenario).to_lowercase(),
         "subs": a.subs,
         "connected": connected,
         "connect_secs": connect_secs,
+        "refused": shared.refused.load(Ordering::Relaxed),
         "processes": subscribed.processes,
         "rss_before_kib": base.rss,
         "rss_after_kib": subscribed.rss,
@@ -821,6 +844,7 @@ async fn main() {
             stale_bytes.push(r.bytes_after_resume);
         }
         lat.sort_unstable();
+        failed |= deliveries == 0;
         let subscribers = results.iter().filter(|r| r.ready).count() as u64;
         let expected_all = expected * subscribers;
         report["subscribers_measured"] = subscribers.into();
@@ -906,4 +930,8 @@ async fn main() {
         std::fs::write(path, serde_json::to_vec_pretty(&report).expect("json")).expect("--json");
     }
     drop(child);
+    if failed {
+        eprintln!("failed: nobody subscribed, or nothing was delivered");
+        std::process::exit(1);
+    }
 }
