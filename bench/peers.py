@@ -252,7 +252,7 @@ def fmt(v, digits=1):
     return f'{v:,}'
 
 
-def table(results, systems, p):
+def table(results, systems, scenarios):
     rows = [
         ('idle: RSS per subscription (KiB)', 'idle', 'rss_per_sub_kib', 'low', 2),
         ('idle: server processes counted', 'idle', 'processes', None, 0),
@@ -277,6 +277,8 @@ def table(results, systems, p):
         head += [f'braid-proxy / {LABEL[s]}' for s in peers]
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for label, scen, key, _, digits in rows:
+        if scen not in scenarios:
+            continue
         vals = {}
         cells = [label]
         for s in systems:
@@ -337,6 +339,8 @@ def main():
     ap.add_argument('--out', default=None)
     ap.add_argument('--keep', default=None, metavar='DIR',
                     help="keep the servers' configurations and logs in DIR (default: a temporary directory)")
+    ap.add_argument('--report-only', action='store_true',
+                    help='run nothing: make the table, CSV and PNG from the JSON files already in --out')
     ap.add_argument('--subs', type=int, default=None, help='idle and fan-out subscribers (default 10000)')
     args = ap.parse_args()
     systems = [s.strip() for s in args.systems.split(',') if s.strip()]
@@ -345,7 +349,8 @@ def main():
         if s not in LABEL:
             fail(f'unknown system {s} (braid, nchan, pushpin)')
     bin_dir = os.path.abspath(args.bin_dir)
-    check_prerequisites(systems, bin_dir)
+    if not args.report_only:
+        check_prerequisites(systems, bin_dir)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(NOFILE, hard) if hard != resource.RLIM_INFINITY else NOFILE
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
@@ -375,6 +380,12 @@ def main():
           else nullcontext(os.path.abspath(args.keep))) as workdir:
         for system in systems:
             for scenario in scenarios:
+                if args.report_only:
+                    path = os.path.join(out_dir, f'{system}-{scenario}.json')
+                    if os.path.exists(path):
+                        with open(path) as f:
+                            results[(system, scenario)] = json.load(f)
+                    continue
                 r = run(system, scenario, params[scenario], bin_dir, out_dir, workdir)
                 if r is None:
                     ok = False
@@ -396,7 +407,7 @@ def main():
     title = f"fan-out latency: {fan[1]} subscribers, {fan[3]} updates at {fan[5]}/s"
     if any((s, 'fanout') in results for s in systems):
         plot_latency.plot(plot_latency.read_csv(csv_path), os.path.join(out_dir, 'latency.png'), title)
-    text = table(results, systems, params) + '\n' + goals(results)
+    text = table(results, systems, scenarios) + '\n' + goals(results)
     with open(os.path.join(out_dir, 'table.md'), 'w') as f:
         f.write(text)
     print()

@@ -145,15 +145,20 @@ def plot(curves, path, title):
     c.text(left + pw // 2 - text_width('percentile') // 2, top + ph + 40, 'percentile')
     c.text(10, top - 26, "latency ms (log)")
     c.text(left + pw // 2 - text_width(title) // 2, 15, title)
-    ly = top + 10
     for i, (system, pts) in enumerate(curves.items()):
         color = COLORS[i % len(COLORS)]
         pts = [(p, ms) for p, ms in pts if ms is not None and ms == ms and ms > 0]
         for (p0, m0), (p1, m1) in zip(pts, pts[1:]):
             c.line(xpos(p0), ypos(m0), xpos(p1), ypos(m1), color, 3)
-        c.rect(left + 20, ly + 3, left + 50, ly + 9, color)
-        c.text(left + 60, ly, system)
-        ly += 24
+    # The legend in the lower right corner (the curves rise to the right,
+    # so it is the emptiest), on a white box.
+    lw = 70 + max((text_width(s) for s in curves), default=0)
+    lx, ly = left + pw - lw - 10, top + ph - 24 * len(curves) - 14
+    c.rect(lx - 8, ly - 8, lx + lw, top + ph - 4, (0xFF, 0xFF, 0xFF))
+    for i, system in enumerate(curves):
+        color = COLORS[i % len(COLORS)]
+        c.rect(lx, ly + 3 + 24 * i, lx + 30, ly + 9 + 24 * i, color)
+        c.text(lx + 40, ly + 24 * i, system)
     c.png(path)
 
 
