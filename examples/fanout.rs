@@ -1,14 +1,40 @@
-//! A quick fan-out measurement: one resource, N subscribers, R writes per
-//! second, the proxy in its own process. Not the benchmark suite (a later
-//! issue); a first figure for the core path.
+//! The delivery benchmark's load generator (issue 20): one resource, N
+//! subscribers, updates published at R a second, driven the same way
+//! against three systems:
 //!
-//! The program runs its own origin on 127.0.0.1:0 (`/doc`, ETag `"g<k>"`),
-//! starts the proxy binary in front of it, opens N subscriptions, then PUTs
-//! `/doc` through the proxy R times a second (write-through). Each update's
-//! latency is from the write's *scheduled* time (so a stalled writer does
-//! not hide delays) to its arrival at a subscriber. It reports deliveries,
-//! latency percentiles, the proxy's CPU seconds (from /proc) and its peak
-//! RSS. Loopback only; bounded by `--secs`.
+//! - `braid`: braid-proxy. The program runs its own origin (`/doc`, ETag
+//!   `"g<k>"`), starts the proxy binary in front of it and publishes by
+//!   PUT through the proxy (write-through). Each update carries
+//!   `Version: "g<k>"`.
+//! - `nchan`: nginx + Nchan, already running (`--target`). Subscribers hold
+//!   `GET /sub` (an `http-raw-stream` location: one response, messages
+//!   separated by a newline); publishing is `POST /pub`.
+//! - `pushpin`: Pushpin, already running (`--target`, routed to this
+//!   program's origin at `--origin`). The origin answers each subscriber
+//!   with `Grip-Hold: stream` + `Grip-Channel: doc`; publishing is
+//!   `POST /publish/` on Pushpin's HTTP control port (`--publish`) with an
+//!   `http-stream` item.
+//!
+//! Every update's body is the same for the three: `#k=<k>;` and one letter
+//! repeated up to `--payload` bytes, then a newline. A subscriber is a raw
+//! socket bound to one of `--sources` loopback addresses (127.0.0.2, ...)
+//! before it connects, so 10,000+ connections do not run out of ephemeral
+//! ports.
+//!
+//! Scenarios (`--scenario`):
+//! - `idle`: open N subscriptions, compare the server's RSS (all its
+//!   processes) before and after.
+//! - `fanout`: N subscribers, `--updates` at `--rate`: latency from each
+//!   update's *scheduled* publish time to its arrival at each subscriber,
+//!   deliveries per server CPU-second, missing and (braid-proxy only)
+//!   collapsed updates.
+//! - `stall`: N subscribers stop reading while `--updates` of `--payload`
+//!   bytes are published, then read again: how many stale updates each
+//!   reads before the current one.
+//!
+//! The server's CPU is utime+stime and its RSS VmRSS, summed over the
+//! process `--server-pid` (or the braid-proxy this program starts) and all
+//! its descendants, from /proc. Loopback only; every wait is bounded.
 //!
 //! ```sh
 //! cargo build --release --examples
@@ -16,9 +42,12 @@
 //! taskset -c 1 target/release/examples/fanout --proxy target/release/braid-proxy \
 //!     --proxy-cpu 0 --subs 10000 --rate 10 --secs 20
 //! ```
+//!
+//! `bench/peers.py` runs the three systems and all scenarios.
 
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,64 +59,155 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum System {
+    Braid,
+    Nchan,
+    Pushpin,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scenario {
+    Idle,
+    Fanout,
+    Stall,
+}
 
 struct Args {
+    system: System,
+    scenario: Scenario,
     proxy: String,
     proxy_cpu: Option<String>,
+    proxy_args: Vec<String>,
+    target: Option<SocketAddr>,
+    publish: Option<SocketAddr>,
+    origin: SocketAddr,
+    server_pid: Option<u32>,
     subs: usize,
     rate: f64,
+    updates: Option<u64>,
     secs: u64,
-    doc_bytes: usize,
+    payload: usize,
+    sources: u8,
+    inflight: usize,
+    settle_secs: f64,
+    json: Option<String>,
 }
 
 fn args() -> Args {
     let mut a = Args {
+        system: System::Braid,
+        scenario: Scenario::Fanout,
         proxy: "target/release/braid-proxy".into(),
         proxy_cpu: None,
+        proxy_args: Vec::new(),
+        target: None,
+        publish: None,
+        origin: "127.0.0.1:0".parse().expect("addr"),
+        server_pid: None,
         subs: 1000,
         rate: 10.0,
+        updates: None,
         secs: 10,
-        doc_bytes: 2000,
+        payload: 100,
+        sources: 64,
+        inflight: 64,
+        settle_secs: 1.0,
+        json: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().unwrap_or_default();
+        let addr = |v: &str| {
+            v.parse::<SocketAddr>()
+                .expect("an address such as 127.0.0.1:80")
+        };
         match flag.as_str() {
+            "--system" => {
+                a.system = match value.as_str() {
+                    "braid" | "braid-proxy" => System::Braid,
+                    "nchan" => System::Nchan,
+                    "pushpin" => System::Pushpin,
+                    other => panic!("--system braid|nchan|pushpin, not {other}"),
+                }
+            }
+            "--scenario" => {
+                a.scenario = match value.as_str() {
+                    "idle" => Scenario::Idle,
+                    "fanout" => Scenario::Fanout,
+                    "stall" => Scenario::Stall,
+                    other => panic!("--scenario idle|fanout|stall, not {other}"),
+                }
+            }
             "--proxy" => a.proxy = value,
             "--proxy-cpu" => a.proxy_cpu = Some(value),
+            "--proxy-arg" => a.proxy_args.push(value),
+            "--target" => a.target = Some(addr(&value)),
+            "--publish" => a.publish = Some(addr(&value)),
+            "--origin" => a.origin = addr(&value),
+            "--server-pid" => a.server_pid = Some(value.parse().expect("--server-pid PID")),
             "--subs" => a.subs = value.parse().expect("--subs N"),
             "--rate" => a.rate = value.parse().expect("--rate R"),
+            "--updates" => a.updates = Some(value.parse().expect("--updates U")),
             "--secs" => a.secs = value.parse().expect("--secs S"),
-            "--doc-bytes" => a.doc_bytes = value.parse().expect("--doc-bytes B"),
+            "--payload" | "--doc-bytes" => a.payload = value.parse().expect("--payload BYTES"),
+            "--sources" => a.sources = value.parse().expect("--sources 1..=250"),
+            "--inflight" => a.inflight = value.parse().expect("--inflight N"),
+            "--settle" => a.settle_secs = value.parse().expect("--settle SECONDS"),
+            "--json" => a.json = Some(value),
             other => panic!("unknown flag {other}"),
         }
     }
+    let updates = a.updates.unwrap_or((a.rate * a.secs as f64) as u64);
     assert!(
-        a.rate > 0.0 && a.secs > 0 && a.secs <= 600,
-        "rate > 0, 0 < secs <= 600"
+        a.rate > 0.0 && updates > 0 && updates as f64 / a.rate <= 600.0,
+        "rate > 0, at least one update, at most 600 s of publishing"
     );
+    assert!(a.subs <= 100_000, "--subs at most 100000");
+    assert!((1..=250).contains(&a.sources), "--sources 1..=250");
+    assert!((1..=10_000).contains(&a.inflight), "--inflight 1..=10000");
+    assert!(
+        a.payload >= 16 && a.payload <= 1 << 20,
+        "--payload 16..=1MiB"
+    );
+    if a.system != System::Braid {
+        assert!(
+            a.target.is_some() && a.server_pid.is_some(),
+            "--target and --server-pid are needed for nchan and pushpin"
+        );
+    }
+    if a.system == System::Pushpin {
+        assert!(
+            a.publish.is_some(),
+            "--publish (Pushpin's HTTP control port)"
+        );
+    }
+    a.updates = Some(updates);
     a
 }
 
-/// The origin's one document: its version number and body.
-#[derive(Default)]
+/// The body of update k, the same for every system: `#k=<k>;`, one letter
+/// repeated (a different letter each version, so no system can send less
+/// than the whole), a newline; `bytes` long in all.
+fn payload(k: u64, bytes: usize) -> Vec<u8> {
+    let mut body = format!("#k={k};").into_bytes();
+    let letter = b'a' + (k % 26) as u8;
+    body.resize(bytes.saturating_sub(1).max(body.len()), letter);
+    body.push(b'\n');
+    body
+}
+
+/// The origin's one document (braid-proxy's upstream): its version number.
 struct Doc {
     k: u64,
-    body: Bytes,
+    bytes: usize,
 }
 
-fn body_for(k: u64, bytes: usize) -> Bytes {
-    let mut text = String::with_capacity(bytes + 32);
-    while text.len() < bytes {
-        text.push_str("A line of the document that stays the same.\n");
-    }
-    text.push_str(&format!("edit number {k}\n"));
-    Bytes::from(text)
-}
-
-async fn origin(doc: Arc<Mutex<Doc>>, doc_bytes: usize) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
+async fn origin(listen: SocketAddr, doc: Arc<Mutex<Doc>>, grip: bool) -> SocketAddr {
+    let listener = TcpListener::bind(listen).await.expect("bind origin");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -95,7 +215,13 @@ async fn origin(doc: Arc<Mutex<Doc>>, doc_bytes: usize) -> SocketAddr {
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
                     let doc = doc.clone();
-                    async move { Ok::<_, Infallible>(answer(&doc, &req, doc_bytes)) }
+                    async move {
+                        Ok::<_, Infallible>(if grip {
+                            grip_answer()
+                        } else {
+                            answer(&doc, &req)
+                        })
+                    }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -106,11 +232,23 @@ async fn origin(doc: Arc<Mutex<Doc>>, doc_bytes: usize) -> SocketAddr {
     addr
 }
 
-fn answer(doc: &Mutex<Doc>, req: &Request<Incoming>, doc_bytes: usize) -> Response<Full<Bytes>> {
+/// Pushpin's upstream: hold every request as a stream on channel `doc`.
+/// `Connection: close` so that the proxy's connections to this process do
+/// not pile up next to the subscribers'.
+fn grip_answer() -> Response<Full<Bytes>> {
+    Response::builder()
+        .header("content-type", "text/plain")
+        .header("grip-hold", "stream")
+        .header("grip-channel", "doc")
+        .header("connection", "close")
+        .body(Full::new(Bytes::from_static(b"ready\n")))
+        .expect("response")
+}
+
+fn answer(doc: &Mutex<Doc>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let mut doc = doc.lock().expect("lock");
     if req.method() == http::Method::PUT {
         doc.k += 1;
-        doc.body = body_for(doc.k, doc_bytes);
         return Response::builder()
             .status(204)
             .body(Full::new(Bytes::new()))
@@ -123,17 +261,19 @@ fn answer(doc: &Mutex<Doc>, req: &Request<Incoming>, doc_bytes: usize) -> Respon
         .is_some_and(|v| v.as_bytes() == etag.as_bytes());
     let builder = Response::builder()
         .header("etag", &etag)
-        .header("content-type", "text/plain");
+        .header("content-type", "application/octet-stream");
     if same {
         return builder
             .status(304)
             .body(Full::new(Bytes::new()))
             .expect("response");
     }
-    builder.body(Full::new(doc.body.clone())).expect("response")
+    builder
+        .body(Full::new(Bytes::from(payload(doc.k, doc.bytes))))
+        .expect("response")
 }
 
-/// Starts the proxy; returns its address and process.
+/// Starts braid-proxy; returns its address and process.
 async fn start_proxy(a: &Args, upstream: SocketAddr) -> (SocketAddr, tokio::process::Child) {
     let mut cmd = match &a.proxy_cpu {
         Some(cpu) => {
@@ -154,24 +294,29 @@ async fn start_proxy(a: &Args, upstream: SocketAddr) -> (SocketAddr, tokio::proc
         "0",
         "--max-subscriptions",
         "1000000",
+        "--max-subscriptions-per-resource",
+        "1000000",
     ])
+    .args(&a.proxy_args)
     .env("RUST_LOG", "warn")
     .stdout(std::process::Stdio::piped())
     .kill_on_drop(true);
     let mut child = cmd.spawn().expect("start the proxy");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
-    while let Some(line) = lines.next_line().await.expect("proxy output") {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Ok(Ok(Some(line))) = tokio::time::timeout_at(deadline.into(), lines.next_line()).await
+    {
         if let Some(rest) = line.strip_prefix("braid-proxy listening on http://") {
             let addr = rest.trim().parse().expect("proxy address");
             tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
             return (addr, child);
         }
     }
-    panic!("the proxy exited before listening");
+    panic!("the proxy exited (or said nothing for 30 s) before listening");
 }
 
-/// Milliseconds since `start` at which write k was scheduled.
+/// When update k was scheduled to be published.
 struct Schedule {
     start: Instant,
     period: Duration,
@@ -185,63 +330,182 @@ impl Schedule {
     }
 }
 
-/// One subscriber: reads its stream, records the latency of every version.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Control {
+    Read,
+    Pause,
+    Stop,
+}
+
+/// What the subscribers share.
+struct Shared {
+    system: System,
+    target: SocketAddr,
+    path: &'static str,
+    ready: AtomicU64,
+    /// Subscriptions that failed (no connection, or not a 2xx answer).
+    refused: AtomicU64,
+    /// The last update's k once known (0 before); subscribers count
+    /// themselves in `got_last` when they see it.
+    last_k: AtomicU64,
+    got_last: AtomicU64,
+    schedule: tokio::sync::OnceCell<Schedule>,
+    connect_slots: Semaphore,
+}
+
+#[derive(Default)]
+struct SubResult {
+    ready: bool,
+    /// (k, latency in µs from its scheduled time) of every update read.
+    got: Vec<(u64, u32)>,
+    /// Bytes read after the last `Pause` ended.
+    bytes_after_resume: u64,
+}
+
+/// The source address of subscriber i: 127.0.0.2, 127.0.0.3, ...
+fn source(i: usize, sources: u8) -> SocketAddr {
+    let x = 2 + (i % sources as usize) as u8;
+    SocketAddr::from((Ipv4Addr::new(127, 0, 0, x), 0))
+}
+
+async fn connect_from(src: SocketAddr, target: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(src)?;
+    socket.connect(target).await
+}
+
+/// One subscriber: subscribes, then records every update it reads.
 async fn subscriber(
-    proxy: SocketAddr,
-    ready: Arc<AtomicU64>,
-    schedule: Arc<tokio::sync::OnceCell<Schedule>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Vec<u32> {
-    let mut latencies = Vec::new();
-    let Ok(mut stream) = TcpStream::connect(proxy).await else {
-        return latencies;
+    shared: Arc<Shared>,
+    src: SocketAddr,
+    mut control: watch::Receiver<Control>,
+) -> SubResult {
+    let mut result = SubResult::default();
+    // A slot is held from the connect until the response head arrives, so
+    // that at most `--inflight` subscriptions are being set up at once.
+    let Ok(permit) = shared.connect_slots.acquire().await else {
+        return result;
     };
-    // FANOUT_HYPER_PATH=1 adds a Connection option, which keeps the
-    // subscription off the proxy's fast path (src/fastpath.rs): an A/B of
-    // the two HTTP/1.1 paths in one binary.
-    let request: &[u8] = if std::env::var_os("FANOUT_HYPER_PATH").is_some() {
-        b"GET /doc HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\nConnection: keep-alive, x-bench\r\n\r\n"
+    let mut slot = Some(permit);
+    let connect = connect_from(src, shared.target);
+    let mut stream = match tokio::time::timeout(Duration::from_secs(30), connect).await {
+        Ok(Ok(s)) => s,
+        _ => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            return result;
+        }
+    };
+    // FANOUT_HYPER_PATH=1 adds a Connection option, which keeps a
+    // braid-proxy subscription off its fast path (src/fastpath.rs): an A/B
+    // of the proxy's two HTTP/1.1 paths in one binary.
+    let hyper_path = if std::env::var_os("FANOUT_HYPER_PATH").is_some() {
+        "Connection: keep-alive, x-bench\r\n"
     } else {
-        b"GET /doc HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n\r\n"
+        ""
     };
-    if stream.write_all(request).await.is_err() {
-        return latencies;
+    let request = match shared.system {
+        System::Braid => format!(
+            "GET {} HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n{hyper_path}\r\n",
+            shared.path
+        ),
+        _ => format!("GET {} HTTP/1.1\r\nHost: bench\r\n\r\n", shared.path),
+    };
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        shared.refused.fetch_add(1, Ordering::Relaxed);
+        return result;
     }
-    let mut buf = vec![0u8; 16 * 1024];
+    // braid-proxy's updates are told apart by their Version header; the
+    // others' by the marker at the start of the payload.
+    let (needle, end_byte): (&[u8], u8) = match shared.system {
+        System::Braid => (b"Version: \"g", b'"'),
+        _ => (b"#k=", b';'),
+    };
+    let mut buf = vec![0u8; 64 * 1024];
     let mut carry: Vec<u8> = Vec::new();
-    let mut counted_ready = false;
-    let needle = b"Version: \"g";
+    let mut head_done = false;
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut was_paused = false;
     loop {
+        let state = *control.borrow_and_update();
+        match state {
+            Control::Stop => return result,
+            Control::Pause => {
+                was_paused = true;
+                if control.changed().await.is_err() {
+                    return result;
+                }
+                continue;
+            }
+            Control::Read => {}
+        }
         let n = tokio::select! {
             read = stream.read(&mut buf) => match read {
                 Ok(n) if n > 0 => n,
-                _ => return latencies,
+                _ => {
+                    if !head_done {
+                        shared.refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return result;
+                }
             },
-            _ = stop.changed() => return latencies,
+            _ = control.changed() => continue,
         };
         let now = Instant::now();
+        if was_paused {
+            result.bytes_after_resume += n as u64;
+        }
         carry.extend_from_slice(&buf[..n]);
         let mut pos = 0;
+        if !head_done {
+            let Some(i) = find(&carry, b"\r\n\r\n") else {
+                if carry.len() > 64 * 1024 {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    return result;
+                }
+                continue;
+            };
+            // "HTTP/1.1 2xx": 200 for the peers, 209 for braid-proxy.
+            if carry.get(9) != Some(&b'2') {
+                let status = carry.split(|&b| b == b'\r').next().unwrap_or_default();
+                eprintln!(
+                    "subscription refused: {}",
+                    String::from_utf8_lossy(&status[..status.len().min(100)])
+                );
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                return result;
+            }
+            head_done = true;
+            drop(slot.take());
+            result.ready = true;
+            shared.ready.fetch_add(1, Ordering::Relaxed);
+            pos = i + 4;
+        }
+        let mut keep_from = None;
         while let Some(i) = find(&carry[pos..], needle) {
             let start = pos + i + needle.len();
-            let Some(end) = carry[start..].iter().position(|&b| b == b'"') else {
+            let Some(end) = carry[start..].iter().position(|&b| b == end_byte) else {
+                keep_from = Some(pos + i);
                 break;
             };
             let k: u64 = std::str::from_utf8(&carry[start..start + end])
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
-            if !counted_ready {
-                counted_ready = true;
-                ready.fetch_add(1, Ordering::Relaxed);
-            } else if let Some(at) = schedule.get().and_then(|s| s.scheduled(k)) {
-                latencies.push(now.saturating_duration_since(at).as_micros() as u32);
-            }
             pos = start + end;
+            if let Some(at) = shared.schedule.get().and_then(|s| s.scheduled(k)) {
+                if seen.insert(k) {
+                    let latency = now.saturating_duration_since(at).as_micros();
+                    result.got.push((k, latency.min(u32::MAX as u128) as u32));
+                    if k == shared.last_k.load(Ordering::Relaxed) {
+                        shared.got_last.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
         }
-        // Keep a tail in case a header is split across reads.
-        let keep_from = carry.len().saturating_sub(32).max(pos.min(carry.len()));
-        carry.drain(..keep_from);
+        // Keep what may hold the start of a marker split across reads.
+        let keep_from =
+            keep_from.unwrap_or_else(|| carry.len().saturating_sub(needle.len() + 24).max(pos));
+        carry.drain(..keep_from.min(carry.len()));
     }
 }
 
@@ -249,35 +513,125 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// (CPU seconds, peak RSS KiB) of a process, from /proc.
-fn usage(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based), in ticks of 1/100 s.
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
-        .sum();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (ticks as f64 / 100.0, hwm)
+/// The process `root` and all its descendants, from /proc.
+fn process_tree(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() && out.len() < 1000 {
+        if let Some(c) = children.get(&out[i]) {
+            out.extend(c);
+        }
+        i += 1;
+    }
+    out
 }
 
-async fn put(proxy: SocketAddr) {
-    if let Ok(mut s) = TcpStream::connect(proxy).await {
-        let req =
-            b"PUT /doc HTTP/1.1\r\nHost: bench\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx";
-        if s.write_all(req).await.is_ok() {
-            let mut sink = Vec::new();
-            let _ = s.read_to_end(&mut sink).await;
+/// CPU seconds, VmRSS, VmHWM and Pss (KiB), summed over processes.
+#[derive(Clone, Copy, Default, Debug)]
+struct Usage {
+    cpu: f64,
+    rss: u64,
+    hwm: u64,
+    pss: u64,
+    processes: usize,
+}
+
+fn status_field(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn usage(pids: &[u32]) -> Usage {
+    let mut u = Usage::default();
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        if fields.is_empty() {
+            continue;
+        }
+        u.processes += 1;
+        // After the command: utime and stime are fields 14 and 15 (1-based), in ticks of 1/100 s.
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
+            .sum();
+        u.cpu += ticks as f64 / 100.0;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        u.rss += status_field(&status, "VmRSS:");
+        u.hwm += status_field(&status, "VmHWM:");
+        let rollup =
+            std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+        u.pss += status_field(&rollup, "Pss:");
+    }
+    u
+}
+
+/// One HTTP request on a fresh connection; true on a 2xx answer.
+async fn request(addr: SocketAddr, head: &str, body: &[u8]) -> bool {
+    let go = async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        let mut req = format!(
+            "{head}Host: bench\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        s.write_all(&req).await.ok()?;
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.ok()?;
+        Some(answer.get(9) == Some(&b'2'))
+    };
+    tokio::time::timeout(Duration::from_secs(10), go)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Publishes update k (braid-proxy: the origin numbers it).
+async fn publish(a: &Args, server: SocketAddr, k: u64) -> bool {
+    match a.system {
+        System::Braid => request(server, "PUT /doc HTTP/1.1\r\n", b"x").await,
+        System::Nchan => request(server, "POST /pub HTTP/1.1\r\n", &payload(k, a.payload)).await,
+        System::Pushpin => {
+            let content = String::from_utf8(payload(k, a.payload)).expect("ascii");
+            let item = serde_json::json!({
+                "items": [{"channel": "doc", "formats": {"http-stream": {"content": content}}}]
+            });
+            let body = serde_json::to_vec(&item).expect("json");
+            let publish = a.publish.expect("--publish");
+            request(
+                publish,
+                "POST /publish/ HTTP/1.1\r\nContent-Type: application/json\r\n",
+                &body,
+            )
+            .await
         }
     }
 }
@@ -290,86 +644,302 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     f64::from(sorted[i]) / 1000.0
 }
 
+/// Waits until `done()` or the deadline; bounded.
+async fn wait_until(deadline: Instant, done: impl Fn() -> bool) {
+    while !done() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn name(s: System) -> &'static str {
+    match s {
+        System::Braid => "braid-proxy",
+        System::Nchan => "nchan",
+        System::Pushpin => "pushpin",
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = args();
+    let updates = a.updates.expect("set by args()");
     let doc = Arc::new(Mutex::new(Doc {
         k: 0,
-        body: body_for(0, a.doc_bytes),
+        bytes: a.payload,
     }));
-    let upstream = origin(doc.clone(), a.doc_bytes).await;
-    let (proxy, child) = start_proxy(&a, upstream).await;
-    // `taskset` execs the proxy, so this is the proxy's pid either way.
-    let pid = child.id().expect("proxy pid");
-    let ready = Arc::new(AtomicU64::new(0));
-    let schedule = Arc::new(tokio::sync::OnceCell::new());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::with_capacity(a.subs);
-    for _ in 0..a.subs {
-        tasks.push(tokio::spawn(subscriber(
-            proxy,
-            ready.clone(),
-            schedule.clone(),
-            stopped.clone(),
+    let upstream = origin(a.origin, doc.clone(), a.system == System::Pushpin).await;
+    let mut child = None;
+    let (target, root) = match a.system {
+        System::Braid => {
+            let (addr, c) = start_proxy(&a, upstream).await;
+            // `taskset` execs the proxy, so this is the proxy's pid either way.
+            let pid = c.id().expect("proxy pid");
+            child = Some(c);
+            (addr, pid)
+        }
+        _ => (
+            a.target.expect("--target"),
+            a.server_pid.expect("--server-pid"),
+        ),
+    };
+    let pids = process_tree(root);
+    let path = match a.system {
+        System::Nchan => "/sub",
+        _ => "/doc",
+    };
+    let shared = Arc::new(Shared {
+        system: a.system,
+        target,
+        path,
+        ready: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
+        last_k: AtomicU64::new(0),
+        got_last: AtomicU64::new(0),
+        schedule: tokio::sync::OnceCell::new(),
+        connect_slots: Semaphore::new(a.inflight),
+    });
+    let (control, controlled) = watch::channel(Control::Read);
+
+    // A few subscriptions first, so that the resource (or channel) exists
+    // before the baseline is taken.
+    const WARM: usize = 10;
+    let mut warm: Vec<tokio::task::JoinHandle<SubResult>> = Vec::new();
+    for i in 0..WARM {
+        let src = source(i, a.sources);
+        warm.push(tokio::spawn(subscriber(
+            shared.clone(),
+            src,
+            controlled.clone(),
         )));
     }
-    let connect_deadline = Instant::now() + Duration::from_secs(60);
-    while ready.load(Ordering::Relaxed) < a.subs as u64 && Instant::now() < connect_deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until(Instant::now() + Duration::from_secs(20), || {
+        shared.ready.load(Ordering::Relaxed) + shared.refused.load(Ordering::Relaxed) >= WARM as u64
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let base = usage(&pids);
+    let connect_start = Instant::now();
+    let mut tasks = Vec::with_capacity(a.subs);
+    for i in 0..a.subs {
+        let src = source(WARM + i, a.sources);
+        tasks.push(tokio::spawn(subscriber(
+            shared.clone(),
+            src,
+            controlled.clone(),
+        )));
     }
-    let connected = ready.load(Ordering::Relaxed);
-    let (_, rss_idle) = usage(pid);
-    let period = Duration::from_secs_f64(1.0 / a.rate);
-    let first_k = doc.lock().expect("lock").k + 1;
-    let start = Instant::now() + Duration::from_millis(200);
-    let _ = schedule.set(Schedule {
-        start,
-        period,
-        first_k,
+    let all = (WARM + a.subs) as u64;
+    wait_until(Instant::now() + Duration::from_secs(120), || {
+        shared.ready.load(Ordering::Relaxed) + shared.refused.load(Ordering::Relaxed) >= all
+    })
+    .await;
+    let connect_secs = connect_start.elapsed().as_secs_f64();
+    let connected = shared
+        .ready
+        .load(Ordering::Relaxed)
+        .saturating_sub(WARM as u64);
+    tokio::time::sleep(Duration::from_secs_f64(a.settle_secs)).await;
+    let subscribed = usage(&pids);
+    let per_sub_kib = (subscribed.rss as f64 - base.rss as f64) / connected.max(1) as f64;
+    let per_sub_pss_kib = (subscribed.pss as f64 - base.pss as f64) / connected.max(1) as f64;
+    println!(
+        "{}: {connected}/{} subscribed ({} refused) in {connect_secs:.1} s ({} processes): \
+         RSS {} -> {} KiB, {per_sub_kib:.2} KiB each (Pss {per_sub_pss_kib:.2} KiB each)",
+        name(a.system),
+        a.subs,
+        shared.refused.load(Ordering::Relaxed),
+        subscribed.processes,
+        base.rss,
+        subscribed.rss
+    );
+    let mut failed = connected == 0;
+    let mut report = serde_json::json!({
+        "system": name(a.system),
+        "scenario": format!("{:?}", a.scenario).to_lowercase(),
+        "subs": a.subs,
+        "connected": connected,
+        "connect_secs": connect_secs,
+        "refused": shared.refused.load(Ordering::Relaxed),
+        "processes": subscribed.processes,
+        "rss_before_kib": base.rss,
+        "rss_after_kib": subscribed.rss,
+        "rss_per_sub_kib": per_sub_kib,
+        "pss_per_sub_kib": per_sub_pss_kib,
+        "payload": a.payload,
     });
-    let (cpu_before, _) = usage(pid);
-    let (own_before, _) = usage(std::process::id());
-    let writes = (a.rate * a.secs as f64) as u64;
-    for i in 0..writes {
-        tokio::time::sleep_until((start + period.mul_f64(i as f64)).into()).await;
-        put(proxy).await;
-    }
-    // Let the last update reach everyone, then stop reading.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (cpu_after, rss_peak) = usage(pid);
-    let (own_after, _) = usage(std::process::id());
-    let window = start.elapsed().as_secs_f64();
-    let _ = stop.send(true);
-    let mut all = Vec::new();
-    for t in tasks {
-        if let Ok(mut l) = t.await {
-            all.append(&mut l);
+
+    if a.scenario != Scenario::Idle {
+        let period = Duration::from_secs_f64(1.0 / a.rate);
+        let first_k = match a.system {
+            System::Braid => doc.lock().expect("lock").k + 1,
+            _ => 1,
+        };
+        let last_k = first_k + updates - 1;
+        shared.last_k.store(last_k, Ordering::Relaxed);
+        if a.scenario == Scenario::Stall {
+            let _ = control.send(Control::Pause);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let start = Instant::now() + Duration::from_millis(200);
+        let _ = shared.schedule.set(Schedule {
+            start,
+            period,
+            first_k,
+        });
+        let before = usage(&pids);
+        let own_before = usage(&[std::process::id()]);
+        let mut failed_publishes = 0u64;
+        for i in 0..updates {
+            tokio::time::sleep_until((start + period.mul_f64(i as f64)).into()).await;
+            if !publish(&a, target, first_k + i).await {
+                failed_publishes += 1;
+            }
+        }
+        let published_at = Instant::now();
+        if a.scenario == Scenario::Stall {
+            // Let the servers queue what they will, then read again.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = control.send(Control::Read);
+        }
+        let wanted = shared.ready.load(Ordering::Relaxed);
+        wait_until(published_at + Duration::from_secs(30), || {
+            shared.got_last.load(Ordering::Relaxed) >= wanted
+        })
+        .await;
+        // A little longer, for stragglers still on their way.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = usage(&pids);
+        let own_after = usage(&[std::process::id()]);
+        let window = start.elapsed().as_secs_f64();
+        let _ = control.send(Control::Stop);
+        // The warm-up subscribers were delivered to as well: count them.
+        let mut results = Vec::new();
+        for t in warm.drain(..).chain(tasks) {
+            results.push(t.await.unwrap_or_default());
+        }
+        let cpu = after.cpu - before.cpu;
+        let expected = updates;
+        let (mut missing, mut collapsed, mut deliveries) = (0u64, 0u64, 0u64);
+        let mut subs_missing = 0u64;
+        let mut stale: Vec<u64> = Vec::new();
+        let mut stale_bytes: Vec<u64> = Vec::new();
+        let mut without_last = 0u64;
+        let mut lat: Vec<u32> = Vec::new();
+        for r in results.iter().filter(|r| r.ready) {
+            let got: HashSet<u64> = r.got.iter().map(|&(k, _)| k).collect();
+            deliveries += got.len() as u64;
+            lat.extend(r.got.iter().map(|&(_, l)| l));
+            let has_last = got.contains(&last_k);
+            if !has_last {
+                without_last += 1;
+            }
+            let (m, c) = if a.system == System::Braid {
+                // A later version read while an earlier one never came is a
+                // collapse, not a loss, when the last version arrived; after
+                // the last version read, whatever is missing is lost.
+                let newest = got.iter().copied().max().unwrap_or(first_k - 1);
+                let lost = last_k - newest;
+                (lost, expected - got.len() as u64 - lost)
+            } else {
+                (expected - got.len() as u64, 0)
+            };
+            missing += m;
+            collapsed += c;
+            if m > 0 {
+                subs_missing += 1;
+            }
+            stale.push(got.iter().filter(|&&k| k < last_k).count() as u64);
+            stale_bytes.push(r.bytes_after_resume);
+        }
+        lat.sort_unstable();
+        failed |= deliveries == 0;
+        let subscribers = results.iter().filter(|r| r.ready).count() as u64;
+        let expected_all = expected * subscribers;
+        report["subscribers_measured"] = subscribers.into();
+        report["updates"] = updates.into();
+        report["rate"] = a.rate.into();
+        report["failed_publishes"] = failed_publishes.into();
+        report["deliveries"] = deliveries.into();
+        report["expected_deliveries"] = expected_all.into();
+        report["missing"] = missing.into();
+        report["collapsed"] = collapsed.into();
+        report["subscribers_missing_some"] = subs_missing.into();
+        report["subscribers_without_last"] = without_last.into();
+        report["server_cpu_secs"] = cpu.into();
+        report["deliveries_per_cpu_sec"] = (deliveries as f64 / cpu.max(0.01)).into();
+        report["server_peak_rss_kib"] = after.hwm.into();
+        report["generator_cpu_secs"] = (own_after.cpu - own_before.cpu).into();
+        report["window_secs"] = window.into();
+        println!(
+            "{updates} updates of {} bytes at {}/s ({failed_publishes} publishes failed); \
+             deliveries {deliveries}/{expected_all}, missing {missing} \
+             ({subs_missing} subscribers), collapsed {collapsed}, without the last {without_last}",
+            a.payload, a.rate
+        );
+        println!(
+            "server CPU {cpu:.2} s, {:.0} deliveries per server CPU-second, peak RSS {} KiB; \
+             this generator's CPU {:.2} s in the {window:.1} s window",
+            deliveries as f64 / cpu.max(0.01),
+            after.hwm,
+            own_after.cpu - own_before.cpu
+        );
+        if a.scenario == Scenario::Fanout {
+            let ps = [0.5, 0.9, 0.99, 0.999];
+            println!(
+                "latency ms from the scheduled publish: p50 {:.2} p90 {:.2} p99 {:.2} p999 {:.2} max {:.2}",
+                percentile(&lat, ps[0]),
+                percentile(&lat, ps[1]),
+                percentile(&lat, ps[2]),
+                percentile(&lat, ps[3]),
+                lat.last().map_or(f64::NAN, |m| f64::from(*m) / 1000.0)
+            );
+            report["p50_ms"] = percentile(&lat, 0.5).into();
+            report["p90_ms"] = percentile(&lat, 0.9).into();
+            report["p99_ms"] = percentile(&lat, 0.99).into();
+            report["p999_ms"] = percentile(&lat, 0.999).into();
+            report["max_ms"] = lat
+                .last()
+                .map_or(f64::NAN, |m| f64::from(*m) / 1000.0)
+                .into();
+            // The percentile curve, HdrHistogram style: p = 1 - 10^-x.
+            let mut curve = Vec::new();
+            for step in 0..=50 {
+                let p = 1.0 - 10f64.powf(-(step as f64) / 10.0);
+                curve.push(serde_json::json!([p * 100.0, percentile(&lat, p)]));
+            }
+            curve.push(serde_json::json!([100.0, report["max_ms"].clone()]));
+            report["curve"] = curve.into();
+        } else {
+            stale.sort_unstable();
+            stale_bytes.sort_unstable();
+            let mean = stale.iter().sum::<u64>() as f64 / stale.len().max(1) as f64;
+            let median = stale.get(stale.len() / 2).copied().unwrap_or(0);
+            let max = stale.last().copied().unwrap_or(0);
+            let median_bytes = stale_bytes.get(stale_bytes.len() / 2).copied().unwrap_or(0);
+            println!(
+                "stalled readers: stale updates read before the current one: \
+                 mean {mean:.1}, median {median}, max {max}; median bytes read after resuming {median_bytes}"
+            );
+            report["stale_mean"] = mean.into();
+            report["stale_median"] = median.into();
+            report["stale_max"] = max.into();
+            report["bytes_after_resume_median"] = median_bytes.into();
+        }
+    } else {
+        let _ = control.send(Control::Stop);
+        for t in tasks {
+            let _ = t.await;
         }
     }
-    all.sort_unstable();
-    let cpu = cpu_after - cpu_before;
-    println!(
-        "subscribers {connected}/{}, writes {writes} at {}/s, document {} bytes",
-        a.subs, a.rate, a.doc_bytes
-    );
-    println!("proxy RSS: {rss_idle} KiB with all subscribed, peak {rss_peak} KiB");
-    println!(
-        "deliveries {} ({:.0}/s), proxy CPU {cpu:.2} s, {:.0} deliveries per proxy CPU-second",
-        all.len(),
-        all.len() as f64 / a.secs as f64,
-        all.len() as f64 / cpu.max(0.01)
-    );
-    println!(
-        "this load generator's own CPU: {:.2} s in the {window:.1} s window (near {window:.1} means it was the bottleneck)",
-        own_after - own_before
-    );
-    println!(
-        "latency ms from the scheduled write: p50 {:.2} p90 {:.2} p99 {:.2} p999 {:.2} max {:.2}",
-        percentile(&all, 0.5),
-        percentile(&all, 0.9),
-        percentile(&all, 0.99),
-        percentile(&all, 0.999),
-        all.last().map_or(f64::NAN, |m| f64::from(*m) / 1000.0)
-    );
+    for t in warm {
+        let _ = t.await;
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report).expect("json")).expect("--json");
+    }
     drop(child);
+    if failed {
+        eprintln!("failed: nobody subscribed, or nothing was delivered");
+        std::process::exit(1);
+    }
 }
