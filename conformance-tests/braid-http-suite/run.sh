@@ -72,7 +72,7 @@ if [[ ! -d $BH/node_modules/express ]]; then
 fi
 
 # The patched copies: test/harness-test.js, test/harness-tests.js
-node "$HERE/patch-suite.js" "$BH" >/dev/null || die "patching the suite failed"
+node "$HERE/patch-suite.cjs" "$BH" >/dev/null || die "patching the suite failed"
 
 if [[ $MODE == braid-proxy ]]; then
     [[ -x $BRAID_PROXY_BIN ]] || die "no braid-proxy at $BRAID_PROXY_BIN (set BRAID_PROXY_BIN, or cargo build --release)"
