@@ -102,6 +102,31 @@ pub enum After {
     Close,
 }
 
+/// Waits for the router's answer, unless the client goes away first: then
+/// the request is given up (`None`), as hyper gives up a request whose
+/// client has gone, so that nothing (a relayed session being opened, say)
+/// waits on it. The flag is true when the client sent more bytes meanwhile
+/// (they were read and dropped, so the connection closes after the answer).
+pub async fn answer_unless_gone(
+    stream: &TcpStream,
+    answer: impl std::future::Future<Output = Response<Body>>,
+) -> Option<(Response<Body>, bool)> {
+    tokio::pin!(answer);
+    let gone = closed_or_spoke(stream);
+    tokio::pin!(gone);
+    let mut spoke = false;
+    loop {
+        tokio::select! {
+            biased;
+            response = &mut answer => return Some((response, spoke)),
+            said = &mut gone, if !spoke => match said {
+                Spoke::Closed => return None,
+                Spoke::Spoke => spoke = true,
+            },
+        }
+    }
+}
+
 /// Writes `response` to `stream` as HTTP/1.1: the head, then the body with
 /// `Content-Length` when its size is known and chunked otherwise. Returns
 /// when the body ends, the client goes away, or the body fails (then the

@@ -283,9 +283,13 @@ fn serve_connection(
                 if consume(&mut stream, parsed.head_len).await.is_err() {
                     return;
                 }
-                let response = Box::pin(router.handle(parsed.request, conn_info)).await;
+                let answer = Box::pin(router.handle(parsed.request, conn_info));
+                let Some((response, spoke)) = fastpath::answer_unless_gone(&stream, answer).await
+                else {
+                    return;
+                };
                 let after = fastpath::write_response(&stream, response).await;
-                if after == fastpath::After::Close || *closing.borrow() {
+                if spoke || after == fastpath::After::Close || *closing.borrow() {
                     return;
                 }
             }

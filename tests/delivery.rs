@@ -345,3 +345,49 @@ async fn an_ended_stream_ends_cleanly_and_the_connection_is_reused() {
     read_until(&mut s, &mut next, |t| t.ends_with("plain")).await;
     assert!(next.starts_with(b"HTTP/1.1 200 OK\r\n"));
 }
+
+/// A client that goes away while its subscription request waits on the
+/// upstream gives the request up: the upstream request is dropped too, as
+/// through hyper, and nothing waits on it.
+#[tokio::test]
+async fn a_request_whose_client_left_is_given_up() {
+    struct Dropped(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let given_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = given_up.clone();
+    let upstream = common::serve_async(move |_req| {
+        let guard = Dropped(flag.clone());
+        async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            drop(guard);
+            Response::builder()
+                .status(209)
+                .body(Full::new(Bytes::new()))
+                .expect("209")
+        }
+    })
+    .await;
+    let (proxy, _) = common::proxy_for(upstream, |c| {
+        c.upstream_kind = braid_proxy::config::UpstreamKind::Braid;
+    })
+    .await;
+    let mut s = TcpStream::connect(proxy).await.expect("connect");
+    s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!given_up.load(std::sync::atomic::Ordering::SeqCst));
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !given_up.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream request outlived its client"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
