@@ -207,11 +207,18 @@ pub async fn write_response(stream: &TcpStream, response: Response<Body>) -> Aft
 
 /// Writes all of `buf`, vectored, through a shared reference (so that the
 /// wait for the client's close can borrow the socket at the same time).
+/// `sendmsg` rather than `writev`: a socket needs none of the file layer
+/// `writev` goes through (its position lock and checks), which showed in
+/// the profile of a 10,000-subscriber fan-out.
 async fn write_all(stream: &TcpStream, buf: &mut impl Buf) -> io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
     while buf.has_remaining() {
         let mut slices = [io::IoSlice::new(&[]); 4];
         let count = buf.chunks_vectored(&mut slices);
-        match stream.try_write_vectored(&slices[..count]) {
+        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            socket.send_vectored(&slices[..count])
+        });
+        match sent {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => buf.advance(n),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
