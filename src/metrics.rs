@@ -27,7 +27,6 @@ pub struct Metrics {
     pub upstream_subscriptions: AtomicI64,
     pub upstream_updates_total: AtomicU64,
     pub upstream_reconnects_total: AtomicU64,
-    pub upstream_resyncs_total: AtomicU64,
     pub state_bytes: AtomicI64,
     pub state_evictions_total: AtomicU64,
     pub cache_hits_total: AtomicU64,
@@ -129,7 +128,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 26] = [
+        let counters: [(&str, &AtomicU64, &str); 25] = [
             (
                 "bytes_sent_total",
                 &self.bytes_sent_total,
@@ -250,11 +249,6 @@ impl Metrics {
                 "upstream_reconnects_total",
                 &self.upstream_reconnects_total,
                 "Braid upstream subscriptions opened again after one ended or broke.",
-            ),
-            (
-                "upstream_resyncs_total",
-                &self.upstream_resyncs_total,
-                "Braid upstream subscriptions restarted from a snapshot (unknown parents, unusable patches).",
             ),
         ];
         for (name, value, help) in counters {
