@@ -44,11 +44,12 @@ pub struct Parsed {
 }
 
 /// Peeks at the first request on `stream` and parses it when it is a plain
-/// subscription GET that arrived whole. Nothing is consumed.
-pub async fn peek(stream: &TcpStream, max_head: usize) -> Option<Parsed> {
+/// subscription GET that arrived whole, within `--max-header-bytes` and
+/// `--max-headers` (hyper refuses the others with its 431). Nothing is consumed.
+pub async fn peek(stream: &TcpStream, max_head: usize, max_headers: usize) -> Option<Parsed> {
     let mut buf = vec![0u8; PEEK_BYTES.min(max_head)];
     let n = stream.peek(&mut buf).await.ok()?;
-    parse(&buf[..n])
+    parse(&buf[..n]).filter(|p| p.request.headers().len() <= max_headers)
 }
 
 /// Parses `bytes` as a request head that this module serves: `GET` in

@@ -277,8 +277,9 @@ fn serve_connection(
         let mut stream = stream;
         if !h2 {
             // A subscription that arrived whole is answered without hyper.
-            let max_head = router.config().max_header_bytes;
-            if let Some(parsed) = fastpath::peek(&stream, max_head).await {
+            let config = router.config();
+            let (max_head, max_headers) = (config.max_header_bytes, config.max_headers);
+            if let Some(parsed) = fastpath::peek(&stream, max_head, max_headers).await {
                 let _active = fast.enter();
                 if consume(&mut stream, parsed.head_len).await.is_err() {
                     return;

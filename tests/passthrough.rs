@@ -1221,6 +1221,19 @@ mod refusals {
         refused(&request, 431, |c| c.max_headers = 20).await;
     }
 
+    /// A subscription (which the proxy may parse itself, src/fastpath.rs)
+    /// is held to the same limit.
+    #[tokio::test]
+    async fn too_many_headers_on_a_subscription_is_431() {
+        let mut text =
+            String::from("GET /limits HTTP/1.1\r\nHost: proxy.test\r\nSubscribe: true\r\n");
+        for (name, value) in numbered_headers(30) {
+            text.push_str(&format!("{name}: {value}\r\n"));
+        }
+        text.push_str("\r\n");
+        refused(text.as_bytes(), 431, |c| c.max_headers = 20).await;
+    }
+
     #[tokio::test]
     async fn headers_up_to_the_limit_are_accepted() {
         let origin = Origin::echo().await;
