@@ -22,6 +22,7 @@
 //! connection goes back to hyper for its next request.
 
 use std::io;
+use std::sync::Arc;
 
 use bytes::Buf;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
@@ -30,6 +31,7 @@ use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 
 use crate::body::{self, Body, RequestBody};
+use crate::direct;
 
 /// Longest request head looked at; a longer one goes to hyper.
 const PEEK_BYTES: usize = 4096;
@@ -133,7 +135,7 @@ pub async fn answer_unless_gone(
 /// when the body ends, the client goes away, or the body fails (then the
 /// connection is closed without the last chunk, so the client sees the
 /// stream cut, not ended).
-pub async fn write_response(stream: &TcpStream, response: Response<Body>) -> After {
+pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -> After {
     let (parts, mut body) = response.into_parts();
     let bodiless = parts.status.is_informational()
         || parts.status == StatusCode::NO_CONTENT
@@ -149,7 +151,13 @@ pub async fn write_response(stream: &TcpStream, response: Response<Body>) -> Aft
         .get(header::CONNECTION)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
     let head = encode_head(&parts, length, bodiless);
-    // Only the body is kept for the life of the response.
+    // A subscription to a polled resource can be parked for direct delivery.
+    let direct = parts
+        .extensions
+        .get::<direct::Handle>()
+        .filter(|_| chunked)
+        .cloned();
+    // Only the body (and the parking handle) is kept for the life of the response.
     drop(parts);
     if write_all(stream, &mut &head[..]).await.is_err() {
         return After::Close;
@@ -195,6 +203,15 @@ pub async fn write_response(stream: &TcpStream, response: Response<Body>) -> Aft
         if written.is_err() {
             return After::Close;
         }
+        // Caught up, and the body holds no pending wait (it just yielded):
+        // park until the sweep hands the subscription back.
+        if let Some(handle) = &direct {
+            match parked(stream, handle, gone.as_mut(), &mut peer_open).await {
+                Parked::NotParked | Parked::Resumed => {}
+                Parked::Spoke => close = true,
+                Parked::Closed => return After::Close,
+            }
+        }
     }
     if chunked && write_all(stream, &mut &b"0\r\n\r\n"[..]).await.is_err() {
         return After::Close;
@@ -203,6 +220,71 @@ pub async fn write_response(stream: &TcpStream, response: Response<Body>) -> Aft
         After::Close
     } else {
         After::KeepAlive
+    }
+}
+
+/// How a parked wait ended.
+enum Parked {
+    /// Not caught up: go on polling the body.
+    NotParked,
+    /// Handed back (after writing what the sweep began): go on.
+    Resumed,
+    /// Handed back because the client sent bytes: go on, close at the end.
+    Spoke,
+    /// The client closed or the socket broke.
+    Closed,
+}
+
+/// Parks the subscription if it is caught up, and waits until the sweep
+/// hands it back, the client closes, a heartbeat is due, or shutdown
+/// begins; then finishes any chunk the sweep began.
+async fn parked(
+    stream: &Arc<TcpStream>,
+    handle: &direct::Handle,
+    mut gone: std::pin::Pin<&mut impl std::future::Future<Output = Spoke>>,
+    peer_open: &mut bool,
+) -> Parked {
+    let Some(ticket) = handle.park(stream) else {
+        return Parked::NotParked;
+    };
+    let mut heartbeat = handle.heartbeat.clone();
+    if let Some(h) = heartbeat.as_mut() {
+        h.borrow_and_update();
+    }
+    let mut closing = handle.closing.clone();
+    enum Why {
+        Back(direct::Back),
+        Take(Parked),
+    }
+    let why = tokio::select! {
+        biased;
+        back = ticket.returned() => Why::Back(back),
+        spoke = gone.as_mut(), if *peer_open => match spoke {
+            Spoke::Closed => return Parked::Closed,
+            Spoke::Spoke => { *peer_open = false; Why::Take(Parked::Spoke) }
+        },
+        _ = async {
+            match heartbeat.as_mut() {
+                Some(h) => { let _ = h.changed().await; }
+                None => std::future::pending().await,
+            }
+        } => Why::Take(Parked::Resumed),
+        _ = closing.changed() => Why::Take(Parked::Resumed),
+    };
+    let (back, then) = match why {
+        Why::Back(back) => (back, Parked::Resumed),
+        Why::Take(then) => (ticket.unpark().await, then),
+    };
+    match back {
+        direct::Back::Broken => Parked::Closed,
+        direct::Back::Resume { rest: None } => then,
+        direct::Back::Resume { rest: Some(mut rest) } => {
+            if write_all(stream, &mut rest).await.is_err() {
+                Parked::Closed
+            } else {
+                then
+            }
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`config`]: flags and TOML into one validated [`config::Config`].
 //! - [`server`]: listeners, connections, HTTP/1.1 + h2c, graceful shutdown.
 //! - [`fastpath`]: HTTP/1.1 subscriptions written to the socket without hyper.
+//! - [`direct`]: one pass per change writes it to every caught-up fast-path subscriber.
 //! - [`router`]: the request pipeline: filter, Braid side or pass-through, access log.
 //! - [`proxy`]: pass-through proxying to the one configured upstream.
 //! - [`relay`]: a Braid upstream's subscriptions relayed byte for byte and fanned out.
@@ -29,6 +30,7 @@ pub mod cache;
 pub mod config;
 pub mod demo;
 pub mod diff;
+pub mod direct;
 pub mod error;
 pub mod fastpath;
 pub mod metrics;

@@ -276,6 +276,15 @@ pub struct Resource {
     last_used: Mutex<Instant>,
     /// Held while a change is recorded: the watcher and patch writes both publish.
     publishing: Mutex<()>,
+    /// Its parked HTTP/1.1 subscribers, written to directly on each change.
+    pub direct: Arc<crate::direct::Parked>,
+}
+
+impl Drop for Resource {
+    /// Ends the resource's direct-delivery sweeper, if one runs.
+    fn drop(&mut self) {
+        self.direct.close();
+    }
 }
 
 /// The outcome of the latest revalidation.
@@ -318,6 +327,7 @@ impl Resource {
             validated: watch::channel(Validation::default()).0,
             last_used: Mutex::new(Instant::now()),
             publishing: Mutex::new(()),
+            direct: Arc::default(),
         }
     }
 
@@ -572,6 +582,7 @@ impl Resource {
         self.remember(seq, &head.version, patches, frame.len(), history);
         Metrics::inc(&metrics.updates_published_total);
         self.head.send_replace(Arc::new(head));
+        self.direct.published();
         self.reweigh();
         true
     }

@@ -289,9 +289,18 @@ fn serve_connection(
                 else {
                     return;
                 };
-                let after = fastpath::write_response(&stream, response).await;
+                // Shared while the response lasts: direct delivery writes
+                // to a parked subscription's socket (src/direct.rs).
+                let shared = Arc::new(stream);
+                let after = fastpath::write_response(&shared, response).await;
                 if spoke || after == fastpath::After::Close || *closing.borrow() {
                     return;
+                }
+                // A sweep that just handed the subscription back may still
+                // hold the socket for a moment: then close.
+                match Arc::try_unwrap(shared) {
+                    Ok(back) => stream = back,
+                    Err(_) => return,
                 }
             }
         }

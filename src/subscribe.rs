@@ -138,6 +138,8 @@ impl Drop for Counted {
 
 /// A subscriber: a cursor into the shared history and nothing more.
 struct Cursor {
+    /// Its position as direct delivery ([`crate::direct`]) may advance it.
+    link: Arc<crate::direct::Link>,
     resource: Arc<Resource>,
     head: watch::Receiver<Arc<Head>>,
     /// The seq the client has; `None` when it needs a snapshot.
@@ -206,7 +208,17 @@ impl Subscriptions {
         };
         let interval = request.heartbeats.unwrap_or(self.default_heartbeat);
         let heartbeat = (!interval.is_zero()).then(|| self.heartbeats.ticker(interval));
+        let link = Arc::new(crate::direct::Link::default());
+        let handle = crate::direct::Handle {
+            resource: resource.clone(),
+            link: link.clone(),
+            history: self.history.clone(),
+            metrics: self.metrics.clone(),
+            heartbeat: heartbeat.clone(),
+            closing: self.closing.clone(),
+        };
         let cursor = Cursor {
+            link,
             resource,
             head,
             at,
@@ -222,6 +234,7 @@ impl Subscriptions {
         };
         let stream = futures_util::stream::unfold(cursor, Cursor::next);
         let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+        response.extensions_mut().insert(handle);
         *response.status_mut() = StatusCode::from_u16(209).unwrap_or(StatusCode::OK);
         response
             .extensions_mut()
@@ -277,9 +290,16 @@ impl Cursor {
             if *self.closing.borrow() {
                 return None;
             }
+            let advanced = self.link.at.load(std::sync::atomic::Ordering::Acquire);
+            if advanced != crate::direct::NONE {
+                self.at = Some(advanced);
+            }
             let head = self.head.borrow_and_update().clone();
             if let Some(bytes) = self.frame_for(&head) {
                 self.at = Some(head.seq);
+                self.link
+                    .at
+                    .store(head.seq, std::sync::atomic::Ordering::Release);
                 self.sent_since_tick = true;
                 self.updates += 1;
                 self.bytes += bytes.len() as u64;
@@ -312,23 +332,32 @@ impl Cursor {
 
     /// What takes this subscriber from where it is to `head`, if anything.
     fn frame_for(&self, head: &Head) -> Option<Bytes> {
-        if head.seq == 0 || self.at == Some(head.seq) {
-            return None;
-        }
-        let frame = match self.at {
-            Some(at) if at + 1 == head.seq && head.update.is_some() => head.update.clone(),
-            Some(at) if at < head.seq => {
-                self.resource
-                    .catch_up(at, head, &self.history, &self.metrics)
-            }
-            _ => None,
-        };
-        Metrics::inc(&self.metrics.updates_sent_total);
-        Some(frame.unwrap_or_else(|| {
-            Metrics::inc(&self.metrics.snapshots_sent_total);
-            head.snapshot()
-        }))
+        frame_between(&self.resource, self.at, head, &self.history, &self.metrics)
     }
+}
+
+/// What takes a subscriber at `at` (`None`: it has nothing) to `head`, if
+/// anything: the head's own update, a collapsed one, or a snapshot.
+pub fn frame_between(
+    resource: &Resource,
+    at: Option<u64>,
+    head: &Head,
+    history: &History,
+    metrics: &Metrics,
+) -> Option<Bytes> {
+    if head.seq == 0 || at == Some(head.seq) {
+        return None;
+    }
+    let frame = match at {
+        Some(at) if at + 1 == head.seq && head.update.is_some() => head.update.clone(),
+        Some(at) if at < head.seq => resource.catch_up(at, head, history, metrics),
+        _ => None,
+    };
+    Metrics::inc(&metrics.updates_sent_total);
+    Some(frame.unwrap_or_else(|| {
+        Metrics::inc(&metrics.snapshots_sent_total);
+        head.snapshot()
+    }))
 }
 
 /// How a plain GET was answered, for `Cache-Status` (RFC 9211).

@@ -1,0 +1,357 @@
+//! Direct delivery: one pass per update writes it to every caught-up
+//! HTTP/1.1 subscriber's socket, instead of waking one task per subscriber.
+//!
+//! A subscription answered on the fast path ([`crate::fastpath`]) that has
+//! sent everything up to the resource's head *parks*: its connection task
+//! stops polling the subscription body (so nothing wakes it on a change)
+//! and registers its socket in the resource's [`Parked`] set. When the
+//! resource publishes, its sweeper task takes each parked subscriber in
+//! turn and writes the update to its socket with one non-blocking
+//! `sendmsg`, framed as an HTTP/1.1 chunk that is built once per update
+//! and shared by all of them. A subscriber whose socket takes the whole
+//! chunk stays parked, with its position (its [`Link`]) advanced. Any other
+//! outcome hands the subscriber back to its own task, which finishes the
+//! chunk the sweep began, if any, and continues on the ordinary path of
+//! [`crate::subscribe`]: a laggard gets one collapsed update when its
+//! socket drains, exactly as before. There is still no queue: the sweep
+//! holds one shared chunk, and a parked subscriber is a position and a
+//! socket.
+//!
+//! A parked task still wakes for its client closing, the shared heartbeat
+//! tick, and shutdown: it takes itself back (a compare-and-swap on its
+//! state, so it and the sweep never write to the socket at once) and goes
+//! on as an ordinary subscription.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+
+use crate::metrics::Metrics;
+use crate::resource::{Head, History, Resource};
+
+/// No position: the subscriber needs a snapshot.
+pub const NONE: u64 = u64::MAX;
+
+const ACTIVE: u8 = 0;
+const PARKED: u8 = 1;
+const WRITING: u8 = 2;
+const RETURNED: u8 = 3;
+
+/// Shared by a subscription's cursor and its connection task: where the
+/// client is, and who may write to its socket.
+pub struct Link {
+    /// The seq the client has ([`NONE`] before its first update). The
+    /// cursor adopts it when it runs again after direct deliveries.
+    pub at: AtomicU64,
+    state: AtomicU8,
+    returned: Notify,
+    /// What is left of a chunk the sweep began but the socket did not take.
+    rest: Mutex<Option<Bytes>>,
+    /// The sweep found the socket broken.
+    broken: AtomicBool,
+}
+
+impl Default for Link {
+    fn default() -> Link {
+        Link {
+            at: AtomicU64::new(NONE),
+            state: AtomicU8::new(ACTIVE),
+            returned: Notify::new(),
+            rest: Mutex::new(None),
+            broken: AtomicBool::new(false),
+        }
+    }
+}
+
+/// What a 209 answered from a polled resource carries (as a response
+/// extension) for the fast path to park it.
+#[derive(Clone)]
+pub struct Handle {
+    pub resource: Arc<Resource>,
+    pub link: Arc<Link>,
+    pub history: Arc<History>,
+    pub metrics: Arc<Metrics>,
+    /// The shared heartbeat tick of this subscription, if it has heartbeats.
+    pub heartbeat: Option<watch::Receiver<u64>>,
+    /// Set when the proxy shuts down.
+    pub closing: watch::Receiver<bool>,
+}
+
+struct Entry {
+    stream: Arc<TcpStream>,
+    link: Arc<Link>,
+}
+
+/// The parked subscribers of one resource, and its sweeper's wake-up.
+#[derive(Default)]
+pub struct Parked {
+    entries: Mutex<HashMap<u64, Entry>>,
+    next_id: AtomicU64,
+    /// Set once a sweeper task runs for this resource.
+    sweeping: AtomicBool,
+    /// Notified on every publish, and when the resource goes.
+    published: Notify,
+    closed: AtomicBool,
+}
+
+impl Parked {
+    /// Number of parked subscribers.
+    pub fn len(&self) -> usize {
+        lock(&self.entries).len()
+    }
+
+    /// Whether none is parked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Wakes the sweeper: the resource has a new head.
+    pub fn published(&self) {
+        self.published.notify_one();
+    }
+
+    /// Ends the sweeper: the resource is gone.
+    pub fn close(&self) {
+        self.closed.store(true, Release);
+        self.published.notify_one();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How a parked subscriber came back to its task.
+pub enum Back {
+    /// Continue on the ordinary path, after writing `rest` (a chunk the
+    /// sweep began) if there is one.
+    Resume { rest: Option<Bytes> },
+    /// The socket is broken: close.
+    Broken,
+}
+
+/// A parked subscription, from its task's side.
+pub struct Ticket {
+    id: u64,
+    handle: Handle,
+}
+
+impl Handle {
+    /// Parks this subscription if it is caught up with the resource's head;
+    /// `None` when it is not (the task goes on polling its body).
+    pub fn park(&self, stream: &Arc<TcpStream>) -> Option<Ticket> {
+        let parked = &self.resource.direct;
+        if parked.closed.load(Acquire) {
+            return None;
+        }
+        let at = self.link.at.load(Acquire);
+        if at == NONE || at != self.resource.head().seq {
+            return None;
+        }
+        self.link.state.store(PARKED, Release);
+        let id = parked.next_id.fetch_add(1, Relaxed);
+        lock(&parked.entries).insert(
+            id,
+            Entry {
+                stream: stream.clone(),
+                link: self.link.clone(),
+            },
+        );
+        if !parked.sweeping.swap(true, AcqRel) {
+            tokio::spawn(sweeper(
+                Arc::downgrade(&self.resource),
+                self.resource.direct.clone(),
+                self.history.clone(),
+                self.metrics.clone(),
+            ));
+        }
+        // A head published between the check and the insert may have been
+        // swept without this subscriber: sweep again.
+        if self.resource.head().seq != at {
+            parked.published();
+        }
+        Some(Ticket {
+            id,
+            handle: self.clone(),
+        })
+    }
+}
+
+impl Ticket {
+    /// Takes the subscription back from the sweep (for a heartbeat, a
+    /// closing client, shutdown). `None` while the sweep is writing to it:
+    /// wait for [`Ticket::returned`] then.
+    fn try_unpark(&self) -> Option<Back> {
+        let link = &self.handle.link;
+        match link
+            .state
+            .compare_exchange(PARKED, ACTIVE, AcqRel, Acquire)
+        {
+            Ok(_) => {
+                self.remove();
+                Some(Back::Resume { rest: None })
+            }
+            Err(RETURNED) => Some(self.take_back()),
+            Err(_) => None,
+        }
+    }
+
+    /// Takes the subscription back, waiting for the sweep if it is writing.
+    pub async fn unpark(&self) -> Back {
+        loop {
+            if let Some(back) = self.try_unpark() {
+                return back;
+            }
+            // The sweep is writing to this socket: one sendmsg, then it
+            // sets PARKED or RETURNED.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Resolves when the sweep hands the subscription back.
+    pub async fn returned(&self) -> Back {
+        let link = &self.handle.link;
+        loop {
+            let notified = link.returned.notified();
+            if link.state.load(Acquire) == RETURNED {
+                return self.take_back();
+            }
+            notified.await;
+        }
+    }
+
+    fn take_back(&self) -> Back {
+        let link = &self.handle.link;
+        link.state.store(ACTIVE, Release);
+        self.remove();
+        if link.broken.load(Acquire) {
+            return Back::Broken;
+        }
+        Back::Resume {
+            rest: lock(&link.rest).take(),
+        }
+    }
+
+    fn remove(&self) {
+        lock(&self.handle.resource.direct.entries).remove(&self.id);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // A task that ends while parked (its client went) leaves nothing behind.
+        self.remove();
+    }
+}
+
+/// The sweeper of one resource: a pass over its parked subscribers on every
+/// publish, until the resource goes.
+async fn sweeper(
+    resource: Weak<Resource>,
+    parked: Arc<Parked>,
+    history: Arc<History>,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        parked.published.notified().await;
+        if parked.closed.load(Acquire) {
+            return;
+        }
+        let Some(resource) = resource.upgrade() else {
+            return;
+        };
+        let head = resource.head();
+        sweep(&resource, &parked, &head, &history, &metrics).await;
+    }
+}
+
+/// Writes `head` to every parked subscriber not yet at it.
+async fn sweep(
+    resource: &Resource,
+    parked: &Parked,
+    head: &Head,
+    history: &History,
+    metrics: &Metrics,
+) {
+    let entries: Vec<(Arc<TcpStream>, Arc<Link>)> = lock(&parked.entries)
+        .values()
+        .map(|e| (e.stream.clone(), e.link.clone()))
+        .collect();
+    // The chunk of the usual frame (the update from head.seq - 1), built once.
+    let usual = head.update.as_ref().map(|u| chunk(u));
+    for (n, (stream, link)) in entries.iter().enumerate() {
+        if n % 256 == 255 {
+            // Let the other tasks of this worker run during a long sweep.
+            tokio::task::yield_now().await;
+        }
+        if link
+            .state
+            .compare_exchange(PARKED, WRITING, AcqRel, Acquire)
+            .is_err()
+        {
+            continue;
+        }
+        let at = link.at.load(Acquire);
+        if at >= head.seq && at != NONE {
+            link.state.store(PARKED, Release);
+            continue;
+        }
+        let framed = match &usual {
+            Some(c) if at + 1 == head.seq => {
+                Metrics::inc(&metrics.updates_sent_total);
+                c.clone()
+            }
+            _ => match crate::subscribe::frame_between(resource, Some(at), head, history, metrics)
+            {
+                Some(frame) => chunk(&frame),
+                None => {
+                    link.state.store(PARKED, Release);
+                    continue;
+                }
+            },
+        };
+        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            socket2::SockRef::from(&**stream).send(&framed)
+        });
+        match sent {
+            Ok(n) if n == framed.len() => {
+                metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
+                link.at.store(head.seq, Release);
+                link.state.store(PARKED, Release);
+            }
+            Ok(n) => {
+                // Begun: the rest is the task's to write, and the client is
+                // at this head once it has.
+                metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
+                link.at.store(head.seq, Release);
+                *lock(&link.rest) = Some(framed.slice(n..));
+                hand_back(link);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => hand_back(link),
+            Err(_) => {
+                link.broken.store(true, Release);
+                hand_back(link);
+            }
+        }
+    }
+}
+
+fn hand_back(link: &Link) {
+    link.state.store(RETURNED, Release);
+    link.returned.notify_one();
+}
+
+/// `data` as one HTTP/1.1 chunk.
+fn chunk(data: &Bytes) -> Bytes {
+    let mut out = BytesMut::with_capacity(data.len() + 20);
+    out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    out.put_slice(data);
+    out.put_slice(b"\r\n");
+    out.freeze()
+}
