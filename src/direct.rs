@@ -55,6 +55,9 @@ pub struct Link {
     rest: Mutex<Option<Bytes>>,
     /// The sweep found the socket broken.
     broken: AtomicBool,
+    /// Updates and bytes the sweep wrote, for the subscription's close log.
+    pub direct_updates: AtomicU64,
+    pub direct_bytes: AtomicU64,
 }
 
 impl Default for Link {
@@ -65,6 +68,8 @@ impl Default for Link {
             returned: Notify::new(),
             rest: Mutex::new(None),
             broken: AtomicBool::new(false),
+            direct_updates: AtomicU64::new(0),
+            direct_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -176,6 +181,7 @@ impl Handle {
         if self.resource.head().seq != at {
             parked.published();
         }
+        self.metrics.subscriptions_parked.fetch_add(1, Relaxed);
         Some(Ticket {
             id,
             handle: self.clone(),
@@ -189,10 +195,7 @@ impl Ticket {
     /// wait for [`Ticket::returned`] then.
     fn try_unpark(&self) -> Option<Back> {
         let link = &self.handle.link;
-        match link
-            .state
-            .compare_exchange(PARKED, ACTIVE, AcqRel, Acquire)
-        {
+        match link.state.compare_exchange(PARKED, ACTIVE, AcqRel, Acquire) {
             Ok(_) => {
                 self.remove();
                 Some(Back::Resume { rest: None })
@@ -247,6 +250,10 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         // A task that ends while parked (its client went) leaves nothing behind.
         self.remove();
+        self.handle
+            .metrics
+            .subscriptions_parked
+            .fetch_sub(1, Relaxed);
     }
 }
 
@@ -284,7 +291,7 @@ async fn sweep(
         .map(|e| (e.stream.clone(), e.link.clone()))
         .collect();
     // The chunk of the usual frame (the update from head.seq - 1), built once.
-    let usual = head.update.as_ref().map(|u| chunk(u));
+    let usual = head.update.as_ref().map(chunk);
     for (n, (stream, link)) in entries.iter().enumerate() {
         if n % 256 == 255 {
             // Let the other tasks of this worker run during a long sweep.
@@ -307,14 +314,15 @@ async fn sweep(
                 Metrics::inc(&metrics.updates_sent_total);
                 c.clone()
             }
-            _ => match crate::subscribe::frame_between(resource, Some(at), head, history, metrics)
-            {
-                Some(frame) => chunk(&frame),
-                None => {
-                    link.state.store(PARKED, Release);
-                    continue;
+            _ => {
+                match crate::subscribe::frame_between(resource, Some(at), head, history, metrics) {
+                    Some(frame) => chunk(&frame),
+                    None => {
+                        link.state.store(PARKED, Release);
+                        continue;
+                    }
                 }
-            },
+            }
         };
         let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
             socket2::SockRef::from(&**stream).send(&framed)
@@ -322,6 +330,8 @@ async fn sweep(
         match sent {
             Ok(n) if n == framed.len() => {
                 metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
+                link.direct_updates.fetch_add(1, Relaxed);
+                link.direct_bytes.fetch_add(n as u64, Relaxed);
                 link.at.store(head.seq, Release);
                 link.state.store(PARKED, Release);
             }
@@ -329,6 +339,8 @@ async fn sweep(
                 // Begun: the rest is the task's to write, and the client is
                 // at this head once it has.
                 metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
+                link.direct_updates.fetch_add(1, Relaxed);
+                link.direct_bytes.fetch_add(framed.len() as u64, Relaxed);
                 link.at.store(head.seq, Release);
                 *lock(&link.rest) = Some(framed.slice(n..));
                 hand_back(link);

@@ -207,7 +207,7 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
         // park until the sweep hands the subscription back.
         if let Some(handle) = &direct {
             match parked(stream, handle, gone.as_mut(), &mut peer_open).await {
-                Parked::NotParked | Parked::Resumed => {}
+                Parked::Behind | Parked::Resumed => {}
                 Parked::Spoke => close = true,
                 Parked::Closed => return After::Close,
             }
@@ -226,7 +226,7 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
 /// How a parked wait ended.
 enum Parked {
     /// Not caught up: go on polling the body.
-    NotParked,
+    Behind,
     /// Handed back (after writing what the sweep began): go on.
     Resumed,
     /// Handed back because the client sent bytes: go on, close at the end.
@@ -245,7 +245,7 @@ async fn parked(
     peer_open: &mut bool,
 ) -> Parked {
     let Some(ticket) = handle.park(stream) else {
-        return Parked::NotParked;
+        return Parked::Behind;
     };
     let mut heartbeat = handle.heartbeat.clone();
     if let Some(h) = heartbeat.as_mut() {
@@ -278,7 +278,9 @@ async fn parked(
     match back {
         direct::Back::Broken => Parked::Closed,
         direct::Back::Resume { rest: None } => then,
-        direct::Back::Resume { rest: Some(mut rest) } => {
+        direct::Back::Resume {
+            rest: Some(mut rest),
+        } => {
             if write_all(stream, &mut rest).await.is_err() {
                 Parked::Closed
             } else {

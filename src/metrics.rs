@@ -10,6 +10,8 @@ pub struct Metrics {
     pub upstream_requests_total: AtomicU64,
     pub upstream_errors_total: AtomicU64,
     pub subscriptions: AtomicI64,
+    /// Subscriptions parked for direct delivery (src/direct.rs).
+    pub subscriptions_parked: AtomicI64,
     pub subscriptions_total: AtomicU64,
     pub subscriptions_rejected_total: AtomicU64,
     pub resources: AtomicI64,
@@ -255,7 +257,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} counter\nbraid_proxy_{name} {}", value.load(Relaxed));
         }
         let _ = writeln!(out, "# HELP braid_proxy_diffs_fallback_snapshot_total Diffs replaced by a snapshot (too large or too slow).\n# TYPE braid_proxy_diffs_fallback_snapshot_total counter\nbraid_proxy_diffs_fallback_snapshot_total {}", self.diffs_fallback_snapshot_total.load(Relaxed));
-        let gauges: [(&str, &AtomicI64, &str); 7] = [
+        let gauges: [(&str, &AtomicI64, &str); 8] = [
             (
                 "resources_private",
                 &self.resources_private,
@@ -267,6 +269,11 @@ impl Metrics {
                 "Bytes of all tracked states (bodies and keys), capped by --state-bytes.",
             ),
             ("subscriptions", &self.subscriptions, "Open subscriptions."),
+            (
+                "subscriptions_parked",
+                &self.subscriptions_parked,
+                "Subscriptions caught up and parked: each change is written to them by one pass per resource.",
+            ),
             (
                 "upstream_subscriptions",
                 &self.upstream_subscriptions,

@@ -162,8 +162,8 @@ impl Drop for Cursor {
             target: "subscription",
             resource = self.resource.key(),
             duration_ms = self.opened.elapsed().as_millis() as u64,
-            updates = self.updates,
-            bytes = self.bytes,
+            updates = self.updates + self.link.direct_updates.load(Relaxed),
+            bytes = self.bytes + self.link.direct_bytes.load(Relaxed),
             "subscription closed"
         );
     }

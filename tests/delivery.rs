@@ -391,3 +391,92 @@ async fn a_request_whose_client_left_is_given_up() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Direct delivery (src/direct.rs): caught-up fast-path subscriptions park,
+// and one sweep per change writes it to all of them.
+
+/// Reads chunked updates from `stream` until `count` versions have come;
+/// returns the versions in the order they came.
+async fn versions_until(stream: &mut TcpStream, seen: &mut Vec<u8>, count: usize) -> Vec<String> {
+    let versions = |bytes: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(bytes)
+            .lines()
+            .filter_map(|l| l.strip_prefix("Version: ").map(str::to_string))
+            .collect()
+    };
+    read_until(stream, seen, |t| {
+        t.lines().filter(|l| l.starts_with("Version: ")).count() >= count
+    })
+    .await;
+    versions(seen)
+}
+
+/// Twenty subscribers, parked once caught up, get every one of 15 changes,
+/// in order, from the sweep: the same bytes as a subscriber served through
+/// hyper (a `Connection` option keeps it off the fast path) gets from its task.
+#[tokio::test]
+async fn parked_subscribers_get_every_change_in_order() {
+    let (origin, proxy, admin) = hello_proxy().await;
+    let mut subs = Vec::new();
+    for _ in 0..20 {
+        subs.push(subscribe_hello(proxy, "").await);
+    }
+    let mut through_hyper =
+        subscribe_hello(proxy, "Connection: keep-alive, x-hop\r\nX-Hop: 1\r\n").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(admin, "subscriptions_parked").await != 20.0 {
+        assert!(Instant::now() < deadline, "the subscribers did not park");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for n in 1..=15 {
+        origin.set("/doc", format!("hello {n}"));
+        refresh(admin, "/doc").await;
+        // Let each change be swept before the next (no collapse wanted here).
+        for (s, seen) in &mut subs {
+            versions_until(s, seen, n + 1).await;
+        }
+        versions_until(&mut through_hyper.0, &mut through_hyper.1, n + 1).await;
+    }
+    let want: Vec<String> = (1..=16).map(|n| format!("\"e{n}\"")).collect();
+    let reference = dechunk(&through_hyper.1);
+    assert_eq!(versions_until_done(&through_hyper.1), want);
+    for (_, seen) in &subs {
+        assert_eq!(versions_until_done(seen), want);
+        assert_eq!(
+            dechunk(seen),
+            reference,
+            "the sweep's chunks carry what the task path sends"
+        );
+    }
+    assert_eq!(metric(admin, "subscriptions_parked").await, 20.0);
+}
+
+fn versions_until_done(seen: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(seen)
+        .lines()
+        .filter_map(|l| l.strip_prefix("Version: ").map(str::to_string))
+        .collect()
+}
+
+/// A parked subscription still gets its heartbeats, and updates after them.
+#[tokio::test]
+async fn parked_subscribers_keep_their_heartbeats() {
+    let (origin, proxy, admin) = hello_proxy().await;
+    let (mut s, mut seen) = subscribe_hello(proxy, "Heartbeats: 100ms\r\n").await;
+    // Heartbeats are blank lines: chunks of "\r\n".
+    read_until(&mut s, &mut seen, |t| {
+        t.matches("2\r\n\r\n\r\n").count() >= 3
+    })
+    .await;
+    origin.set("/doc", "hello again");
+    refresh(admin, "/doc").await;
+    read_until(&mut s, &mut seen, |t| t.contains("again")).await;
+    read_until(&mut s, &mut seen, |t| {
+        t[t.find("again").unwrap_or(0)..]
+            .matches("2\r\n\r\n\r\n")
+            .count()
+            >= 2
+    })
+    .await;
+}
