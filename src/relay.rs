@@ -131,6 +131,10 @@ struct Entry {
     blank: bool,
 }
 
+/// How long a session whose opener found a plain origin stays findable,
+/// for requests already on their way (later ones see the learned kind).
+const PLAIN_LINGER: Duration = Duration::from_secs(2);
+
 /// What a blank entry costs in the window's byte count, beyond its bytes.
 const BLANK_OVERHEAD: usize = 64;
 
@@ -268,6 +272,10 @@ impl Relays {
         if let Some(list) = sessions.get(rkey) {
             for s in list {
                 let tick = s.tick.borrow();
+                if tick.plain {
+                    // Its opener found a plain origin: served from the polled resource.
+                    return (s.clone(), false);
+                }
                 if tick.ended || tick.opened == Some(false) || s.deserted(&tick) {
                     continue;
                 }
@@ -379,14 +387,26 @@ impl Relays {
                 && matches!(status.as_u16(), 200 | 404 | 410)
                 && !self.is_braid()
                 && self.config.upstream_kind == UpstreamKind::Auto;
+            if plain && status == StatusCode::OK {
+                debug!("upstream answered Subscribe with a plain 200: polling it");
+                self.learn(Learned::Rest);
+            }
             // Waiting equivalent requests learn it with the failure: set first.
             session.tick.send_modify(|t| t.plain = plain);
-            failed(self);
             if plain {
-                if status == StatusCode::OK {
-                    debug!("upstream answered Subscribe with a plain 200: polling it");
-                    self.learn(Learned::Rest);
-                }
+                // Requests already on their way to the relay find it for a
+                // moment longer, and are served from the polled resource
+                // this answer seeds, without requests of their own.
+                session.tick.send_modify(|t| t.opened = Some(false));
+                let (relays, gone) = (self.clone(), session.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(PLAIN_LINGER).await;
+                    relays.unregister(&gone);
+                });
+            } else {
+                failed(self);
+            }
+            if plain {
                 let timing = Timing {
                     request_time: sent,
                     response_time: SystemTime::now(),
