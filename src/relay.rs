@@ -601,9 +601,18 @@ impl Relays {
             );
         } else {
             framer.push(data);
+            // Blank lines that came in the same read as the update before
+            // them stay with it, so that what the upstream wrote together
+            // goes out together (a client may read an update as complete
+            // before blank lines sent apart arrive).
+            let mut after_update = false;
             loop {
                 let entry = match framer.next_piece() {
                     Ok(None) => break,
+                    Ok(Some(Piece::Blank(raw))) if after_update => {
+                        window.extend_last(&raw, &self.window_bytes);
+                        continue;
+                    }
                     Ok(Some(Piece::Blank(raw))) => Entry {
                         raw,
                         version: None,
@@ -627,6 +636,7 @@ impl Relays {
                         }
                     }
                 };
+                after_update = !entry.blank && !window.opaque;
                 window.push(entry, &self.config, &self.window_bytes);
                 if window.opaque {
                     break;
@@ -753,6 +763,19 @@ impl Window {
                 self.updates -= usize::from(!old.blank);
                 self.first += 1;
             }
+        }
+    }
+
+    /// Appends bytes to the newest entry (an update not yet visible to
+    /// subscribers: the tick moves after the whole read is framed).
+    fn extend_last(&mut self, more: &[u8], total: &AtomicUsize) {
+        if let Some(last) = self.entries.back_mut() {
+            let mut joined = Vec::with_capacity(last.raw.len() + more.len());
+            joined.extend_from_slice(&last.raw);
+            joined.extend_from_slice(more);
+            last.raw = Bytes::from(joined);
+            self.bytes += more.len();
+            total.fetch_add(more.len(), Relaxed);
         }
     }
 
