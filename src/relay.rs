@@ -510,6 +510,33 @@ impl Relays {
                         if let Ok(data) = frame.into_data() {
                             self.absorb(session, &mut framer, &data);
                         }
+                        // hyper yields one frame per HTTP chunk: what the
+                        // same read brought is framed before subscribers
+                        // hear of it, so an update and the blank lines
+                        // written after it go out together.
+                        let mut over = None;
+                        for _ in 0..64 {
+                            match futures_util::FutureExt::now_or_never(body.frame()) {
+                                None => break,
+                                Some(None) => {
+                                    over = Some(Over::Ended);
+                                    break;
+                                }
+                                Some(Some(Err(e))) => {
+                                    over = Some(Over::Broken(e.to_string()));
+                                    break;
+                                }
+                                Some(Some(Ok(frame))) => {
+                                    if let Ok(data) = frame.into_data() {
+                                        self.absorb(session, &mut framer, &data);
+                                    }
+                                }
+                            }
+                        }
+                        Self::announce(session);
+                        if let Some(over) = over {
+                            return over;
+                        }
                     }
                 },
                 _ = quiet => return Over::Silent(silence.unwrap_or_default()),
@@ -601,11 +628,14 @@ impl Relays {
             );
         } else {
             framer.push(data);
-            // Blank lines that came in the same read as the update before
-            // them stay with it, so that what the upstream wrote together
-            // goes out together (a client may read an update as complete
-            // before blank lines sent apart arrive).
-            let mut after_update = false;
+            // Blank lines that come in the same read as the update before
+            // them stay with it (an update subscribers have not heard of
+            // yet), so that what the upstream wrote together goes out
+            // together: a client may take an update as complete before
+            // blank lines sent apart arrive.
+            let announced = session.tick.borrow().end;
+            let mut after_update = window.entries.back().is_some_and(|e| !e.blank)
+                && window.first + window.entries.len() as u64 > announced;
             loop {
                 let entry = match framer.next_piece() {
                     Ok(None) => break,
@@ -643,8 +673,14 @@ impl Relays {
                 }
             }
         }
-        let end = window.first + window.entries.len() as u64;
-        drop(window);
+    }
+
+    /// Tells the subscribers how far the window goes now.
+    fn announce(session: &Session) {
+        let end = {
+            let window = lock(&session.window);
+            window.first + window.entries.len() as u64
+        };
         session
             .tick
             .send_if_modified(|t| std::mem::replace(&mut t.end, end) != end);
