@@ -96,7 +96,7 @@ struct Entry {
 /// The parked subscribers of one resource, and its sweeper's wake-up.
 #[derive(Default)]
 pub struct Parked {
-    entries: Mutex<HashMap<u64, Entry>>,
+    entries: Mutex<HashMap<u64, Arc<Entry>>>,
     next_id: AtomicU64,
     /// Set once a sweeper task runs for this resource.
     sweeping: AtomicBool,
@@ -106,16 +106,6 @@ pub struct Parked {
 }
 
 impl Parked {
-    /// Number of parked subscribers.
-    pub fn len(&self) -> usize {
-        lock(&self.entries).len()
-    }
-
-    /// Whether none is parked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Wakes the sweeper: the resource has a new head.
     pub fn published(&self) {
         self.published.notify_one();
@@ -163,10 +153,10 @@ impl Handle {
         let id = parked.next_id.fetch_add(1, Relaxed);
         lock(&parked.entries).insert(
             id,
-            Entry {
+            Arc::new(Entry {
                 stream: stream.clone(),
                 link: self.link.clone(),
-            },
+            }),
         );
         if !parked.sweeping.swap(true, AcqRel) {
             tokio::spawn(sweeper(
@@ -286,13 +276,11 @@ async fn sweep(
     history: &History,
     metrics: &Metrics,
 ) {
-    let entries: Vec<(Arc<TcpStream>, Arc<Link>)> = lock(&parked.entries)
-        .values()
-        .map(|e| (e.stream.clone(), e.link.clone()))
-        .collect();
+    let entries: Vec<Arc<Entry>> = lock(&parked.entries).values().cloned().collect();
     // The chunk of the usual frame (the update from head.seq - 1), built once.
     let usual = head.update.as_ref().map(chunk);
-    for (n, (stream, link)) in entries.iter().enumerate() {
+    for (n, entry) in entries.iter().enumerate() {
+        let (stream, link) = (&entry.stream, &entry.link);
         if n % 256 == 255 {
             // Let the other tasks of this worker run during a long sweep.
             tokio::task::yield_now().await;
@@ -304,16 +292,17 @@ async fn sweep(
         {
             continue;
         }
+        // Parked subscribers always have a position (see `Handle::park`).
         let at = link.at.load(Acquire);
-        if at >= head.seq && at != NONE {
+        if at == NONE || at >= head.seq {
             link.state.store(PARKED, Release);
             continue;
         }
+        // The usual update is counted once written; a collapsed one or a
+        // snapshot is counted where it is made, as on the task path.
+        let usual_update = usual.is_some() && at + 1 == head.seq;
         let framed = match &usual {
-            Some(c) if at + 1 == head.seq => {
-                Metrics::inc(&metrics.updates_sent_total);
-                c.clone()
-            }
+            Some(c) if usual_update => c.clone(),
             _ => {
                 match crate::subscribe::frame_between(resource, Some(at), head, history, metrics) {
                     Some(frame) => chunk(&frame),
@@ -327,6 +316,9 @@ async fn sweep(
         let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
             socket2::SockRef::from(&**stream).send(&framed)
         });
+        if usual_update && matches!(sent, Ok(n) if n > 0) {
+            Metrics::inc(&metrics.updates_sent_total);
+        }
         match sent {
             Ok(n) if n == framed.len() => {
                 metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
@@ -361,8 +353,9 @@ fn hand_back(link: &Link) {
 
 /// `data` as one HTTP/1.1 chunk.
 fn chunk(data: &Bytes) -> Bytes {
-    let mut out = BytesMut::with_capacity(data.len() + 20);
-    out.put_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    let size = crate::fastpath::ChunkSize::new(data.len());
+    let mut out = BytesMut::with_capacity(size.as_bytes().len() + data.len() + 2);
+    out.put_slice(size.as_bytes());
     out.put_slice(data);
     out.put_slice(b"\r\n");
     out.freeze()

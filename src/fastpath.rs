@@ -379,13 +379,13 @@ fn encode_head(parts: &http::response::Parts, length: Option<u64>, bodiless: boo
 }
 
 /// A chunk-size line (`<hex>\r\n`) on the stack.
-struct ChunkSize {
+pub(crate) struct ChunkSize {
     bytes: [u8; 18],
     start: usize,
 }
 
 impl ChunkSize {
-    fn new(mut n: usize) -> ChunkSize {
+    pub(crate) fn new(mut n: usize) -> ChunkSize {
         let mut bytes = [0u8; 18];
         bytes[16] = b'\r';
         bytes[17] = b'\n';
@@ -401,7 +401,7 @@ impl ChunkSize {
         ChunkSize { bytes, start }
     }
 
-    fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[self.start..]
     }
 }

@@ -393,34 +393,31 @@ impl Relays {
             }
             // Waiting equivalent requests learn it with the failure: set first.
             session.tick.send_modify(|t| t.plain = plain);
-            if plain {
-                // Requests already on their way to the relay find it for a
-                // moment longer, and are served from the polled resource
-                // this answer seeds, without requests of their own.
-                session.tick.send_modify(|t| t.opened = Some(false));
-                let (relays, gone) = (self.clone(), session.clone());
-                tokio::spawn(async move {
-                    tokio::time::sleep(PLAIN_LINGER).await;
-                    relays.unregister(&gone);
-                });
-            } else {
+            if !plain {
                 failed(self);
-            }
-            if plain {
-                let timing = Timing {
-                    request_time: sent,
-                    response_time: SystemTime::now(),
-                };
-                return Ok(Relayed::Plain {
-                    template,
+                return Ok(Relayed::Answer(proxy::downstream_response(
                     response,
-                    timing,
-                });
+                    &self.config,
+                )));
             }
-            return Ok(Relayed::Answer(proxy::downstream_response(
+            // Requests already on their way to the relay find it for a
+            // moment longer, and are served from the polled resource this
+            // answer seeds, without requests of their own.
+            session.tick.send_modify(|t| t.opened = Some(false));
+            let (relays, gone) = (self.clone(), session.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(PLAIN_LINGER).await;
+                relays.unregister(&gone);
+            });
+            let timing = Timing {
+                request_time: sent,
+                response_time: SystemTime::now(),
+            };
+            return Ok(Relayed::Plain {
+                template,
                 response,
-                &self.config,
-            )));
+                timing,
+            });
         }
         let (mut parts, body) = response.into_parts();
         proxy::strip_hop_by_hop(&mut parts.headers);

@@ -297,11 +297,17 @@ async fn after_a_refusal_the_connection_serves_the_next_request() {
     .await;
     let text = String::from_utf8_lossy(&seen).to_string();
     assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+    next_get_is_served(&mut s, "hello").await;
+}
+
+/// Sends a plain `GET /doc` on a connection that already answered a
+/// request, and expects a 200 whose body ends with `body`.
+async fn next_get_is_served(s: &mut TcpStream, body: &str) {
     s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("write");
     let mut next = Vec::new();
-    read_until(&mut s, &mut next, |t| t.ends_with("hello")).await;
+    read_until(s, &mut next, |t| t.ends_with(body)).await;
     assert!(next.starts_with(b"HTTP/1.1 200 OK\r\n"));
 }
 
@@ -338,12 +344,7 @@ async fn an_ended_stream_ends_cleanly_and_the_connection_is_reused() {
         dechunk(&seen),
         b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi\r\n\r\n"
     );
-    s.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
-    let mut next = Vec::new();
-    read_until(&mut s, &mut next, |t| t.ends_with("plain")).await;
-    assert!(next.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    next_get_is_served(&mut s, "plain").await;
 }
 
 /// A client that goes away while its subscription request waits on the
@@ -399,17 +400,11 @@ async fn a_request_whose_client_left_is_given_up() {
 /// Reads chunked updates from `stream` until `count` versions have come;
 /// returns the versions in the order they came.
 async fn versions_until(stream: &mut TcpStream, seen: &mut Vec<u8>, count: usize) -> Vec<String> {
-    let versions = |bytes: &[u8]| -> Vec<String> {
-        String::from_utf8_lossy(bytes)
-            .lines()
-            .filter_map(|l| l.strip_prefix("Version: ").map(str::to_string))
-            .collect()
-    };
     read_until(stream, seen, |t| {
         t.lines().filter(|l| l.starts_with("Version: ")).count() >= count
     })
     .await;
-    versions(seen)
+    versions_in(seen)
 }
 
 /// Twenty subscribers, parked once caught up, get every one of 15 changes,
@@ -440,9 +435,9 @@ async fn parked_subscribers_get_every_change_in_order() {
     }
     let want: Vec<String> = (1..=16).map(|n| format!("\"e{n}\"")).collect();
     let reference = dechunk(&through_hyper.1);
-    assert_eq!(versions_until_done(&through_hyper.1), want);
+    assert_eq!(versions_in(&through_hyper.1), want);
     for (_, seen) in &subs {
-        assert_eq!(versions_until_done(seen), want);
+        assert_eq!(versions_in(seen), want);
         assert_eq!(
             dechunk(seen),
             reference,
@@ -452,7 +447,8 @@ async fn parked_subscribers_get_every_change_in_order() {
     assert_eq!(metric(admin, "subscriptions_parked").await, 20.0);
 }
 
-fn versions_until_done(seen: &[u8]) -> Vec<String> {
+/// The `Version` of every update in `seen`, in order.
+fn versions_in(seen: &[u8]) -> Vec<String> {
     String::from_utf8_lossy(seen)
         .lines()
         .filter_map(|l| l.strip_prefix("Version: ").map(str::to_string))
