@@ -45,19 +45,24 @@ const RETURNED: u8 = 3;
 
 /// Shared by a subscription's cursor and its connection task: where the
 /// client is, and who may write to its socket.
+///
+/// In declaration order (`repr(C)`), so that what a sweep touches for each
+/// subscriber (the first five fields) shares one cache line with the
+/// `Arc`'s counts.
+#[repr(C)]
 pub struct Link {
     /// The seq the client has ([`NONE`] before its first update). The
     /// cursor adopts it when it runs again after direct deliveries.
     pub at: AtomicU64,
     state: AtomicU8,
-    returned: Notify,
-    /// What is left of a chunk the sweep began but the socket did not take.
-    rest: Mutex<Option<Bytes>>,
     /// The sweep found the socket broken.
     broken: AtomicBool,
     /// Updates and bytes the sweep wrote, for the subscription's close log.
     pub direct_updates: AtomicU64,
     pub direct_bytes: AtomicU64,
+    returned: Notify,
+    /// What is left of a chunk the sweep began but the socket did not take.
+    rest: Mutex<Option<Bytes>>,
 }
 
 impl Default for Link {
@@ -65,11 +70,11 @@ impl Default for Link {
         Link {
             at: AtomicU64::new(NONE),
             state: AtomicU8::new(ACTIVE),
-            returned: Notify::new(),
-            rest: Mutex::new(None),
             broken: AtomicBool::new(false),
             direct_updates: AtomicU64::new(0),
             direct_bytes: AtomicU64::new(0),
+            returned: Notify::new(),
+            rest: Mutex::new(None),
         }
     }
 }
@@ -88,15 +93,60 @@ pub struct Handle {
     pub closing: watch::Receiver<bool>,
 }
 
+/// One parked subscriber: its socket and its position.
 struct Entry {
+    /// The ticket's id, so that a ticket removes its own entry only.
+    id: u64,
     stream: Arc<TcpStream>,
     link: Arc<Link>,
 }
 
+/// The parked subscribers, inline in one vector so that a sweep reads them
+/// in order. A removal leaves a hole (reused by a later park) instead of
+/// moving an entry, so a sweep that goes on after a pause never skips one.
+#[derive(Default)]
+struct Entries {
+    slots: Vec<Option<Entry>>,
+    holes: Vec<usize>,
+}
+
+impl Entries {
+    fn insert(&mut self, entry: Entry) -> usize {
+        match self.holes.pop() {
+            Some(i) => {
+                self.slots[i] = Some(entry);
+                i
+            }
+            None => {
+                self.slots.push(Some(entry));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, index: usize, id: u64) {
+        let Some(slot) = self.slots.get_mut(index) else {
+            return;
+        };
+        if slot.as_ref().is_some_and(|e| e.id == id) {
+            *slot = None;
+            self.holes.push(index);
+            if self.holes.len() == self.slots.len() {
+                self.slots.clear();
+                self.holes.clear();
+            }
+        }
+    }
+}
+
+/// Subscribers a sweep writes to between two yields to the other tasks of
+/// its worker. The set is locked meanwhile (parks and unparks wait).
+const SWEEP_BATCH: usize = 128;
+
 /// The parked subscribers of one resource, and its sweeper's wake-up.
 #[derive(Default)]
 pub struct Parked {
-    entries: Mutex<HashMap<u64, Arc<Entry>>>,
+    entries: Mutex<Entries>,
     next_id: AtomicU64,
     /// Set once a sweeper task runs for this resource.
     sweeping: AtomicBool,
@@ -134,6 +184,7 @@ pub enum Back {
 /// A parked subscription, from its task's side.
 pub struct Ticket {
     id: u64,
+    index: usize,
     handle: Handle,
 }
 
@@ -151,13 +202,11 @@ impl Handle {
         }
         self.link.state.store(PARKED, Release);
         let id = parked.next_id.fetch_add(1, Relaxed);
-        lock(&parked.entries).insert(
+        let index = lock(&parked.entries).insert(Entry {
             id,
-            Arc::new(Entry {
-                stream: stream.clone(),
-                link: self.link.clone(),
-            }),
-        );
+            stream: stream.clone(),
+            link: self.link.clone(),
+        });
         if !parked.sweeping.swap(true, AcqRel) {
             tokio::spawn(sweeper(
                 Arc::downgrade(&self.resource),
@@ -174,6 +223,7 @@ impl Handle {
         self.metrics.subscriptions_parked.fetch_add(1, Relaxed);
         Some(Ticket {
             id,
+            index,
             handle: self.clone(),
         })
     }
@@ -232,7 +282,7 @@ impl Ticket {
     }
 
     fn remove(&self) {
-        lock(&self.handle.resource.direct.entries).remove(&self.id);
+        lock(&self.handle.resource.direct.entries).remove(self.index, self.id);
     }
 }
 
@@ -276,72 +326,129 @@ async fn sweep(
     history: &History,
     metrics: &Metrics,
 ) {
-    let entries: Vec<Arc<Entry>> = lock(&parked.entries).values().cloned().collect();
-    // The chunk of the usual frame (the update from head.seq - 1), built once.
-    let usual = head.update.as_ref().map(chunk);
-    for (n, entry) in entries.iter().enumerate() {
-        let (stream, link) = (&entry.stream, &entry.link);
-        if n % 256 == 255 {
-            // Let the other tasks of this worker run during a long sweep.
-            tokio::task::yield_now().await;
-        }
-        if link
-            .state
-            .compare_exchange(PARKED, WRITING, AcqRel, Acquire)
-            .is_err()
+    let mut frames = Frames {
+        resource,
+        head,
+        history,
+        metrics,
+        // The chunk of the usual frame (the update from head.seq - 1).
+        usual: head.update.as_ref().map(chunk),
+        others: HashMap::new(),
+    };
+    let mut tally = Tally::default();
+    let mut next = 0;
+    loop {
         {
-            continue;
+            let entries = lock(&parked.entries);
+            let end = (next + SWEEP_BATCH).min(entries.slots.len());
+            if next >= end {
+                break;
+            }
+            for entry in entries.slots[next..end].iter().flatten() {
+                deliver(entry, &mut frames, &mut tally);
+            }
+            next = end;
         }
-        // Parked subscribers always have a position (see `Handle::park`).
-        let at = link.at.load(Acquire);
-        if at == NONE || at >= head.seq {
+        // Let the other tasks of this worker run during a long sweep.
+        tokio::task::yield_now().await;
+    }
+    metrics.updates_sent_total.fetch_add(tally.updates, Relaxed);
+    metrics
+        .snapshots_sent_total
+        .fetch_add(tally.snapshots, Relaxed);
+    metrics.bytes_sent_total.fetch_add(tally.bytes, Relaxed);
+}
+
+/// What one sweep wrote, added to the metrics once at its end.
+#[derive(Default)]
+struct Tally {
+    updates: u64,
+    snapshots: u64,
+    bytes: u64,
+}
+
+/// The chunks one sweep writes, each framed once: the usual update, and a
+/// collapsed update or snapshot per position laggards are at.
+struct Frames<'a> {
+    resource: &'a Resource,
+    head: &'a Head,
+    history: &'a History,
+    metrics: &'a Metrics,
+    usual: Option<Bytes>,
+    others: HashMap<u64, Option<(Bytes, bool)>>,
+}
+
+impl Frames<'_> {
+    /// The chunk taking a subscriber from `at` to the head, and whether it
+    /// is a snapshot; `None` when there is nothing to send.
+    fn from(&mut self, at: u64) -> Option<(Bytes, bool)> {
+        if at + 1 == self.head.seq {
+            if let Some(usual) = &self.usual {
+                return Some((usual.clone(), false));
+            }
+        }
+        let (resource, head, history, metrics) =
+            (self.resource, self.head, self.history, self.metrics);
+        self.others
+            .entry(at)
+            .or_insert_with(|| {
+                crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
+                    .map(|(frame, snapshot)| (chunk(&frame), snapshot))
+            })
+            .clone()
+    }
+}
+
+/// Writes the head to one parked subscriber, if it is parked and behind.
+fn deliver(entry: &Entry, frames: &mut Frames<'_>, tally: &mut Tally) {
+    let link = &entry.link;
+    if link
+        .state
+        .compare_exchange(PARKED, WRITING, AcqRel, Acquire)
+        .is_err()
+    {
+        return;
+    }
+    // Parked subscribers always have a position (see `Handle::park`).
+    let at = link.at.load(Acquire);
+    let head = frames.head.seq;
+    let Some((framed, snapshot)) = (if at == NONE || at >= head {
+        None
+    } else {
+        frames.from(at)
+    }) else {
+        link.state.store(PARKED, Release);
+        return;
+    };
+    // Straight to the socket: a would-block here leaves tokio's readiness as
+    // it was, and the task, handed back, finds out for itself.
+    let sent = socket2::SockRef::from(&*entry.stream).send(&framed);
+    if matches!(sent, Ok(n) if n > 0) {
+        tally.updates += 1;
+        tally.snapshots += u64::from(snapshot);
+    }
+    match sent {
+        Ok(n) if n == framed.len() => {
+            tally.bytes += n as u64;
+            link.direct_updates.fetch_add(1, Relaxed);
+            link.direct_bytes.fetch_add(n as u64, Relaxed);
+            link.at.store(head, Release);
             link.state.store(PARKED, Release);
-            continue;
         }
-        // The usual update is counted once written; a collapsed one or a
-        // snapshot is counted where it is made, as on the task path.
-        let usual_update = usual.is_some() && at + 1 == head.seq;
-        let framed = match &usual {
-            Some(c) if usual_update => c.clone(),
-            _ => {
-                match crate::subscribe::frame_between(resource, Some(at), head, history, metrics) {
-                    Some(frame) => chunk(&frame),
-                    None => {
-                        link.state.store(PARKED, Release);
-                        continue;
-                    }
-                }
-            }
-        };
-        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
-            socket2::SockRef::from(&**stream).send(&framed)
-        });
-        if usual_update && matches!(sent, Ok(n) if n > 0) {
-            Metrics::inc(&metrics.updates_sent_total);
+        Ok(n) => {
+            // Begun: the rest is the task's to write, and the client is at
+            // this head once it has.
+            tally.bytes += n as u64;
+            link.direct_updates.fetch_add(1, Relaxed);
+            link.direct_bytes.fetch_add(framed.len() as u64, Relaxed);
+            link.at.store(head, Release);
+            *lock(&link.rest) = Some(framed.slice(n..));
+            hand_back(link);
         }
-        match sent {
-            Ok(n) if n == framed.len() => {
-                metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
-                link.direct_updates.fetch_add(1, Relaxed);
-                link.direct_bytes.fetch_add(n as u64, Relaxed);
-                link.at.store(head.seq, Release);
-                link.state.store(PARKED, Release);
-            }
-            Ok(n) => {
-                // Begun: the rest is the task's to write, and the client is
-                // at this head once it has.
-                metrics.bytes_sent_total.fetch_add(n as u64, Relaxed);
-                link.direct_updates.fetch_add(1, Relaxed);
-                link.direct_bytes.fetch_add(framed.len() as u64, Relaxed);
-                link.at.store(head.seq, Release);
-                *lock(&link.rest) = Some(framed.slice(n..));
-                hand_back(link);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => hand_back(link),
-            Err(_) => {
-                link.broken.store(true, Release);
-                hand_back(link);
-            }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => hand_back(link),
+        Err(_) => {
+            link.broken.store(true, Release);
+            hand_back(link);
         }
     }
 }

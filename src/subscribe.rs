@@ -337,7 +337,8 @@ impl Cursor {
 }
 
 /// What takes a subscriber at `at` (`None`: it has nothing) to `head`, if
-/// anything: the head's own update, a collapsed one, or a snapshot.
+/// anything: the head's own update, a collapsed one, or a snapshot. Counted
+/// as sent.
 pub fn frame_between(
     resource: &Resource,
     at: Option<u64>,
@@ -345,6 +346,23 @@ pub fn frame_between(
     history: &History,
     metrics: &Metrics,
 ) -> Option<Bytes> {
+    let (frame, snapshot) = frame_from(resource, at, head, history, metrics)?;
+    Metrics::inc(&metrics.updates_sent_total);
+    if snapshot {
+        Metrics::inc(&metrics.snapshots_sent_total);
+    }
+    Some(frame)
+}
+
+/// [`frame_between`] uncounted, for a caller that counts what it writes:
+/// the frame, and whether it is a snapshot.
+pub fn frame_from(
+    resource: &Resource,
+    at: Option<u64>,
+    head: &Head,
+    history: &History,
+    metrics: &Metrics,
+) -> Option<(Bytes, bool)> {
     if head.seq == 0 || at == Some(head.seq) {
         return None;
     }
@@ -353,11 +371,10 @@ pub fn frame_between(
         Some(at) if at < head.seq => resource.catch_up(at, head, history, metrics),
         _ => None,
     };
-    Metrics::inc(&metrics.updates_sent_total);
-    Some(frame.unwrap_or_else(|| {
-        Metrics::inc(&metrics.snapshots_sent_total);
-        head.snapshot()
-    }))
+    Some(match frame {
+        Some(frame) => (frame, false),
+        None => (head.snapshot(), true),
+    })
 }
 
 /// How a plain GET was answered, for `Cache-Status` (RFC 9211).
