@@ -2,10 +2,13 @@
 //! HTTP/1.1 subscriber's socket, instead of waking one task per subscriber.
 //!
 //! A subscription answered on the fast path ([`crate::fastpath`]) that has
-//! sent everything up to the resource's head *parks*: its connection task
+//! sent everything up to its source's head *parks*: its connection task
 //! stops polling the subscription body (so nothing wakes it on a change)
-//! and registers its socket in the resource's [`Parked`] set. When the
-//! resource publishes, its sweeper task takes each parked subscriber in
+//! and registers its socket in the source's [`Parked`] set. A source is a
+//! polled resource ([`Polled`]: its updates are the proxy's own) or a
+//! relayed upstream subscription (`crate::relay`: its updates are the
+//! upstream's bytes). When the source has more, its sweeper task takes
+//! each parked subscriber in
 //! turn and writes the update to its socket with one non-blocking
 //! `sendmsg`, framed as an HTTP/1.1 chunk that is built once per update
 //! and shared by all of them. A subscriber whose socket takes the whole
@@ -34,6 +37,39 @@ use tokio::sync::{watch, Notify};
 
 use crate::metrics::Metrics;
 use crate::resource::{Head, History, Resource};
+
+/// What parked subscribers follow: positions (`u64`, only growing) and the
+/// bytes that take a subscriber from one to the newest.
+pub trait Source: Send + Sync + 'static {
+    /// The position of a subscriber that has everything; `None` once the
+    /// source takes no parked subscribers.
+    fn head(&self) -> Option<u64>;
+    /// What one sweep writes; `None` when the source is over (its parked
+    /// subscribers are handed back to their tasks, which end).
+    fn pass(&self) -> Option<Box<dyn Pass>>;
+}
+
+/// One sweep's view of its source.
+pub trait Pass: Send {
+    /// The position every subscriber is taken to.
+    fn head(&self) -> u64;
+    /// What takes a subscriber at `at` (before the head) there.
+    fn step(&mut self, at: u64) -> Step;
+}
+
+/// What a sweep does for one parked subscriber.
+pub enum Step {
+    /// Nothing to write: it stays parked.
+    Stay,
+    /// Write this HTTP/1.1 chunk, which carries `updates` updates.
+    Write {
+        chunk: Bytes,
+        updates: u64,
+        snapshot: bool,
+    },
+    /// Its task takes over (it fell out of what the source keeps).
+    HandBack,
+}
 
 /// No position: the subscriber needs a snapshot.
 pub const NONE: u64 = u64::MAX;
@@ -79,13 +115,13 @@ impl Default for Link {
     }
 }
 
-/// What a 209 answered from a polled resource carries (as a response
+/// What a 209 that can be delivered to directly carries (as a response
 /// extension) for the fast path to park it.
 #[derive(Clone)]
 pub struct Handle {
-    pub resource: Arc<Resource>,
+    pub source: Arc<dyn Source>,
+    pub parked: Arc<Parked>,
     pub link: Arc<Link>,
-    pub history: Arc<History>,
     pub metrics: Arc<Metrics>,
     /// The shared heartbeat tick of this subscription, if it has heartbeats.
     pub heartbeat: Option<watch::Receiver<u64>>,
@@ -143,25 +179,26 @@ impl Entries {
 /// its worker. The set is locked meanwhile (parks and unparks wait).
 const SWEEP_BATCH: usize = 128;
 
-/// The parked subscribers of one resource, and its sweeper's wake-up.
+/// The parked subscribers of one source, and its sweeper's wake-up.
 #[derive(Default)]
 pub struct Parked {
     entries: Mutex<Entries>,
     next_id: AtomicU64,
-    /// Set once a sweeper task runs for this resource.
+    /// Set once a sweeper task runs for this source.
     sweeping: AtomicBool,
-    /// Notified on every publish, and when the resource goes.
+    /// Notified when the source has more, and when it is over.
     published: Notify,
     closed: AtomicBool,
 }
 
 impl Parked {
-    /// Wakes the sweeper: the resource has a new head.
+    /// Wakes the sweeper: the source has a new head.
     pub fn published(&self) {
         self.published.notify_one();
     }
 
-    /// Ends the sweeper: the resource is gone.
+    /// Ends the sweeper, which hands every parked subscriber back: the
+    /// source is over.
     pub fn close(&self) {
         self.closed.store(true, Release);
         self.published.notify_one();
@@ -189,15 +226,15 @@ pub struct Ticket {
 }
 
 impl Handle {
-    /// Parks this subscription if it is caught up with the resource's head;
+    /// Parks this subscription if it is caught up with its source's head;
     /// `None` when it is not (the task goes on polling its body).
     pub fn park(&self, stream: &Arc<TcpStream>) -> Option<Ticket> {
-        let parked = &self.resource.direct;
+        let parked = &self.parked;
         if parked.closed.load(Acquire) {
             return None;
         }
         let at = self.link.at.load(Acquire);
-        if at == NONE || at != self.resource.head().seq {
+        if at == NONE || self.source.head() != Some(at) {
             return None;
         }
         self.link.state.store(PARKED, Release);
@@ -207,17 +244,23 @@ impl Handle {
             stream: stream.clone(),
             link: self.link.clone(),
         });
+        if parked.closed.load(Acquire) {
+            // Closed meanwhile: the sweeper may have handed back everyone
+            // before this one came.
+            lock(&parked.entries).remove(index, id);
+            self.link.state.store(ACTIVE, Release);
+            return None;
+        }
         if !parked.sweeping.swap(true, AcqRel) {
             tokio::spawn(sweeper(
-                Arc::downgrade(&self.resource),
-                self.resource.direct.clone(),
-                self.history.clone(),
+                self.source.clone(),
+                parked.clone(),
                 self.metrics.clone(),
             ));
         }
         // A head published between the check and the insert may have been
         // swept without this subscriber: sweep again.
-        if self.resource.head().seq != at {
+        if self.source.head() != Some(at) {
             parked.published();
         }
         self.metrics.subscriptions_parked.fetch_add(1, Relaxed);
@@ -282,7 +325,7 @@ impl Ticket {
     }
 
     fn remove(&self) {
-        lock(&self.handle.resource.direct.entries).remove(self.index, self.id);
+        lock(&self.handle.parked.entries).remove(self.index, self.id);
     }
 }
 
@@ -297,44 +340,42 @@ impl Drop for Ticket {
     }
 }
 
-/// The sweeper of one resource: a pass over its parked subscribers on every
-/// publish, until the resource goes.
-async fn sweeper(
-    resource: Weak<Resource>,
-    parked: Arc<Parked>,
-    history: Arc<History>,
-    metrics: Arc<Metrics>,
-) {
+/// The sweeper of one source: a pass over its parked subscribers whenever
+/// it has more, until it is over.
+async fn sweeper(source: Arc<dyn Source>, parked: Arc<Parked>, metrics: Arc<Metrics>) {
     loop {
         parked.published.notified().await;
-        if parked.closed.load(Acquire) {
-            return;
-        }
-        let Some(resource) = resource.upgrade() else {
+        let pass = if parked.closed.load(Acquire) {
+            None
+        } else {
+            source.pass()
+        };
+        let Some(pass) = pass else {
+            parked.closed.store(true, Release);
+            hand_back_all(&parked);
             return;
         };
-        let head = resource.head();
-        sweep(&resource, &parked, &head, &history, &metrics).await;
+        sweep(&parked, pass, &metrics).await;
     }
 }
 
-/// Writes `head` to every parked subscriber not yet at it.
-async fn sweep(
-    resource: &Resource,
-    parked: &Parked,
-    head: &Head,
-    history: &History,
-    metrics: &Metrics,
-) {
-    let mut frames = Frames {
-        resource,
-        head,
-        history,
-        metrics,
-        // The chunk of the usual frame (the update from head.seq - 1).
-        usual: head.update.as_ref().map(chunk),
-        others: HashMap::new(),
-    };
+/// Hands every parked subscriber back to its task (the source is over).
+fn hand_back_all(parked: &Parked) {
+    let entries = lock(&parked.entries);
+    for entry in entries.slots.iter().flatten() {
+        let link = &entry.link;
+        if link
+            .state
+            .compare_exchange(PARKED, WRITING, AcqRel, Acquire)
+            .is_ok()
+        {
+            hand_back(link);
+        }
+    }
+}
+
+/// Writes the pass's head to every parked subscriber not yet at it.
+async fn sweep(parked: &Parked, mut pass: Box<dyn Pass>, metrics: &Metrics) {
     let mut tally = Tally::default();
     let mut next = 0;
     loop {
@@ -345,7 +386,7 @@ async fn sweep(
                 break;
             }
             for entry in entries.slots[next..end].iter().flatten() {
-                deliver(entry, &mut frames, &mut tally);
+                deliver(entry, &mut *pass, &mut tally);
             }
             next = end;
         }
@@ -367,40 +408,79 @@ struct Tally {
     bytes: u64,
 }
 
-/// The chunks one sweep writes, each framed once: the usual update, and a
-/// collapsed update or snapshot per position laggards are at.
-struct Frames<'a> {
-    resource: &'a Resource,
-    head: &'a Head,
-    history: &'a History,
-    metrics: &'a Metrics,
+/// A polled resource as a source: positions are its seqs, and what a
+/// subscriber is written is what its task would have sent.
+pub struct Polled {
+    pub resource: Weak<Resource>,
+    pub history: Arc<History>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Source for Polled {
+    fn head(&self) -> Option<u64> {
+        Some(self.resource.upgrade()?.head().seq)
+    }
+
+    fn pass(&self) -> Option<Box<dyn Pass>> {
+        let resource = self.resource.upgrade()?;
+        let head = resource.head();
+        Some(Box::new(PolledPass {
+            // The chunk of the usual frame (the update from head.seq - 1).
+            usual: head.update.as_deref().map(chunk),
+            resource,
+            head,
+            history: self.history.clone(),
+            metrics: self.metrics.clone(),
+            others: HashMap::new(),
+        }))
+    }
+}
+
+/// The chunks one sweep of a polled resource writes, each framed once: the
+/// usual update, and a collapsed update or snapshot per position laggards
+/// are at.
+struct PolledPass {
+    resource: Arc<Resource>,
+    head: Arc<Head>,
+    history: Arc<History>,
+    metrics: Arc<Metrics>,
     usual: Option<Bytes>,
     others: HashMap<u64, Option<(Bytes, bool)>>,
 }
 
-impl Frames<'_> {
-    /// The chunk taking a subscriber from `at` to the head, and whether it
-    /// is a snapshot; `None` when there is nothing to send.
-    fn from(&mut self, at: u64) -> Option<(Bytes, bool)> {
-        if at + 1 == self.head.seq {
-            if let Some(usual) = &self.usual {
-                return Some((usual.clone(), false));
+impl Pass for PolledPass {
+    fn head(&self) -> u64 {
+        self.head.seq
+    }
+
+    fn step(&mut self, at: u64) -> Step {
+        let framed = match &self.usual {
+            Some(usual) if at + 1 == self.head.seq => Some((usual.clone(), false)),
+            _ => {
+                let (resource, head, history, metrics) =
+                    (&self.resource, &self.head, &self.history, &self.metrics);
+                self.others
+                    .entry(at)
+                    .or_insert_with(|| {
+                        crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
+                            .map(|(frame, snapshot)| (chunk(&frame), snapshot))
+                    })
+                    .clone()
             }
+        };
+        match framed {
+            Some((chunk, snapshot)) => Step::Write {
+                chunk,
+                updates: 1,
+                snapshot,
+            },
+            None => Step::Stay,
         }
-        let (resource, head, history, metrics) =
-            (self.resource, self.head, self.history, self.metrics);
-        self.others
-            .entry(at)
-            .or_insert_with(|| {
-                crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
-                    .map(|(frame, snapshot)| (chunk(&frame), snapshot))
-            })
-            .clone()
     }
 }
 
 /// Writes the head to one parked subscriber, if it is parked and behind.
-fn deliver(entry: &Entry, frames: &mut Frames<'_>, tally: &mut Tally) {
+fn deliver(entry: &Entry, pass: &mut dyn Pass, tally: &mut Tally) {
     let link = &entry.link;
     if link
         .state
@@ -411,26 +491,35 @@ fn deliver(entry: &Entry, frames: &mut Frames<'_>, tally: &mut Tally) {
     }
     // Parked subscribers always have a position (see `Handle::park`).
     let at = link.at.load(Acquire);
-    let head = frames.head.seq;
-    let Some((framed, snapshot)) = (if at == NONE || at >= head {
-        None
+    let head = pass.head();
+    let step = if at == NONE || at >= head {
+        Step::Stay
     } else {
-        frames.from(at)
-    }) else {
-        link.state.store(PARKED, Release);
-        return;
+        pass.step(at)
+    };
+    let (framed, updates, snapshot) = match step {
+        Step::Stay => {
+            link.state.store(PARKED, Release);
+            return;
+        }
+        Step::HandBack => return hand_back(link),
+        Step::Write {
+            chunk,
+            updates,
+            snapshot,
+        } => (chunk, updates, snapshot),
     };
     // Straight to the socket: a would-block here leaves tokio's readiness as
     // it was, and the task, handed back, finds out for itself.
     let sent = socket2::SockRef::from(&*entry.stream).send(&framed);
     if matches!(sent, Ok(n) if n > 0) {
-        tally.updates += 1;
+        tally.updates += updates;
         tally.snapshots += u64::from(snapshot);
     }
     match sent {
         Ok(n) if n == framed.len() => {
             tally.bytes += n as u64;
-            link.direct_updates.fetch_add(1, Relaxed);
+            link.direct_updates.fetch_add(updates, Relaxed);
             link.direct_bytes.fetch_add(n as u64, Relaxed);
             link.at.store(head, Release);
             link.state.store(PARKED, Release);
@@ -439,7 +528,7 @@ fn deliver(entry: &Entry, frames: &mut Frames<'_>, tally: &mut Tally) {
             // Begun: the rest is the task's to write, and the client is at
             // this head once it has.
             tally.bytes += n as u64;
-            link.direct_updates.fetch_add(1, Relaxed);
+            link.direct_updates.fetch_add(updates, Relaxed);
             link.direct_bytes.fetch_add(framed.len() as u64, Relaxed);
             link.at.store(head, Release);
             *lock(&link.rest) = Some(framed.slice(n..));
@@ -459,7 +548,7 @@ fn hand_back(link: &Link) {
 }
 
 /// `data` as one HTTP/1.1 chunk.
-fn chunk(data: &Bytes) -> Bytes {
+pub fn chunk(data: &[u8]) -> Bytes {
     let size = crate::fastpath::ChunkSize::new(data.len());
     let mut out = BytesMut::with_capacity(size.as_bytes().len() + data.len() + 2);
     out.put_slice(size.as_bytes());

@@ -22,7 +22,7 @@
 //! polls ([`crate::upstream`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU8, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -39,6 +39,7 @@ use crate::body::{Body, Chunk, RequestBody};
 use crate::braid::{self, Framer, Piece, VersionList};
 use crate::cache::Timing;
 use crate::config::{Config, UpstreamKind};
+use crate::direct;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy::{self, UpstreamClient};
@@ -100,6 +101,8 @@ pub struct Session {
     subscribers: AtomicUsize,
     /// Woken when a subscriber leaves.
     left: Notify,
+    /// Its parked HTTP/1.1 subscribers, written to directly ([`direct`]).
+    direct: Arc<direct::Parked>,
 }
 
 #[derive(Clone)]
@@ -120,6 +123,41 @@ struct Window {
     updates: usize,
     /// Set once a part of the stream could not be framed: nobody joins any more.
     opaque: bool,
+    /// Blank lines framed since the newest update.
+    blanks_since_update: usize,
+    /// How many blank lines the upstream writes after an update, as it did
+    /// after the one before the newest; `None` before that is known.
+    blanks_after_updates: Option<usize>,
+    /// An update was framed.
+    seen_update: bool,
+}
+
+/// The blank lines braid-http's server writes after every update, expected
+/// after an upstream's first update (the next ones expect what it did).
+const USUAL_BLANKS_AFTER_UPDATE: usize = 2;
+
+impl Window {
+    /// Learns how many blank lines the upstream writes after an update.
+    fn framed(&mut self, update: bool) {
+        if !update {
+            self.blanks_since_update += 1;
+            return;
+        }
+        if self.seen_update {
+            self.blanks_after_updates = Some(self.blanks_since_update);
+        }
+        self.seen_update = true;
+        self.blanks_since_update = 0;
+    }
+
+    /// Whether the newest update still lacks blank lines its upstream
+    /// usually writes after it.
+    fn lacks_blank_lines(&self) -> bool {
+        self.blanks_since_update
+            < self
+                .blanks_after_updates
+                .unwrap_or(USUAL_BLANKS_AFTER_UPDATE)
+    }
 }
 
 /// Bytes of the stream as received: one update, a blank line, or (once
@@ -134,6 +172,10 @@ struct Entry {
 /// How long a session whose opener found a plain origin stays findable,
 /// for requests already on their way (later ones see the learned kind).
 const PLAIN_LINGER: Duration = Duration::from_secs(2);
+
+/// How long an update waits for the blank lines its upstream usually
+/// writes after it, when they did not come in the same read.
+const BLANK_LINES_WAIT: Duration = Duration::from_millis(20);
 
 /// What a blank entry costs in the window's byte count, beyond its bytes.
 const BLANK_OVERHEAD: usize = 64;
@@ -311,6 +353,7 @@ impl Relays {
             tick: watch::channel(Tick::default()).0,
             subscribers: AtomicUsize::new(0),
             left: Notify::new(),
+            direct: Arc::default(),
         })
     }
 
@@ -476,6 +519,9 @@ impl Relays {
             let _sessions = lock(&self.sessions);
             session.tick.send_modify(|t| t.ended = true);
         }
+        // Parked subscribers go back to their tasks, which send what is
+        // left and end.
+        session.direct.close();
         self.unregister(&session);
         // Subscribers still draining keep reading it; its bytes no longer count.
         lock(&session.window).release(&self.window_bytes);
@@ -504,31 +550,23 @@ impl Relays {
                     Some(Err(e)) => return Over::Broken(e.to_string()),
                     Some(Ok(frame)) => {
                         heard = tokio::time::Instant::now();
-                        if let Ok(data) = frame.into_data() {
-                            self.absorb(session, &mut framer, &data);
-                        }
-                        // hyper yields one frame per HTTP chunk: what the
-                        // same read brought is framed before subscribers
-                        // hear of it, so an update and the blank lines
-                        // written after it go out together.
-                        let mut over = None;
-                        for _ in 0..64 {
-                            match futures_util::FutureExt::now_or_never(body.frame()) {
-                                None => break,
-                                Some(None) => {
-                                    over = Some(Over::Ended);
-                                    break;
-                                }
-                                Some(Some(Err(e))) => {
-                                    over = Some(Over::Broken(e.to_string()));
-                                    break;
-                                }
-                                Some(Some(Ok(frame))) => {
-                                    if let Ok(data) = frame.into_data() {
-                                        self.absorb(session, &mut framer, &data);
-                                    }
-                                }
-                            }
+                        let mut over = self.take(session, &mut framer, frame, &mut body);
+                        // An upstream that writes its update and each blank
+                        // line after it apart (braid-http's server does:
+                        // one HTTP chunk each, and the client hands over one
+                        // chunk at a time) may have them read apart: wait a
+                        // little for as many as it wrote after the update
+                        // before, so that they go out together (a client may
+                        // take the update as complete before blank lines
+                        // sent apart arrive).
+                        let deadline = tokio::time::Instant::now() + BLANK_LINES_WAIT;
+                        while over.is_none() && Self::awaits_blank_lines(session) {
+                            over = match tokio::time::timeout_at(deadline, body.frame()).await {
+                                Err(_) => break,
+                                Ok(None) => Some(Over::Ended),
+                                Ok(Some(Err(e))) => Some(Over::Broken(e.to_string())),
+                                Ok(Some(Ok(frame))) => self.take(session, &mut framer, frame, &mut body),
+                            };
                         }
                         Self::announce(session);
                         if let Some(over) = over {
@@ -545,6 +583,44 @@ impl Relays {
                 _ = closing.changed() => return Over::Closing,
             }
         }
+    }
+
+    /// Frames `frame` and every frame the same read brought (hyper yields
+    /// one frame per HTTP chunk), so that subscribers hear of them at once;
+    /// `Some` when the stream ended among them.
+    fn take(
+        &self,
+        session: &Session,
+        framer: &mut Framer,
+        frame: Frame<Bytes>,
+        body: &mut Incoming,
+    ) -> Option<Over> {
+        if let Ok(data) = frame.into_data() {
+            self.absorb(session, framer, &data);
+        }
+        for _ in 0..64 {
+            match futures_util::FutureExt::now_or_never(body.frame())? {
+                None => return Some(Over::Ended),
+                Some(Err(e)) => return Some(Over::Broken(e.to_string())),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.absorb(session, framer, &data);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether the newest entry is an update subscribers have not heard of
+    /// yet that lacks blank lines its upstream usually writes after one.
+    fn awaits_blank_lines(session: &Session) -> bool {
+        let announced = session.tick.borrow().end;
+        let window = lock(&session.window);
+        window.lacks_blank_lines()
+            && !window.opaque
+            && window.entries.back().is_some_and(|e| !e.blank)
+            && window.first + window.entries.len() as u64 > announced
     }
 
     /// True (and the session ended) when its last subscriber has left;
@@ -637,15 +713,20 @@ impl Relays {
                 let entry = match framer.next_piece() {
                     Ok(None) => break,
                     Ok(Some(Piece::Blank(raw))) if after_update => {
+                        window.framed(false);
                         window.extend_last(&raw, &self.window_bytes);
                         continue;
                     }
-                    Ok(Some(Piece::Blank(raw))) => Entry {
-                        raw,
-                        version: None,
-                        blank: true,
-                    },
+                    Ok(Some(Piece::Blank(raw))) => {
+                        window.framed(false);
+                        Entry {
+                            raw,
+                            version: None,
+                            blank: true,
+                        }
+                    }
                     Ok(Some(Piece::Update(update))) => {
+                        window.framed(true);
                         Metrics::inc(&self.metrics.upstream_updates_total);
                         Entry {
                             raw: update.raw,
@@ -678,9 +759,12 @@ impl Relays {
             let window = lock(&session.window);
             window.first + window.entries.len() as u64
         };
-        session
+        if session
             .tick
-            .send_if_modified(|t| std::mem::replace(&mut t.end, end) != end);
+            .send_if_modified(|t| std::mem::replace(&mut t.end, end) != end)
+        {
+            session.direct.published();
+        }
     }
 
     /// The 209 for a subscriber starting at `start`.
@@ -714,7 +798,19 @@ impl Relays {
         let mut guard = guard;
         guard.opened = Some(std::time::Instant::now());
         tracing::info!(target: "subscription", resource = guard.path(), relayed = true, "subscription open");
+        let link = Arc::new(direct::Link::default());
+        let handle = direct::Handle {
+            source: Arc::new(SessionSource {
+                session: Arc::downgrade(&session),
+            }),
+            parked: session.direct.clone(),
+            link: link.clone(),
+            metrics: self.metrics.clone(),
+            heartbeat: None,
+            closing: self.closing.clone(),
+        };
         let cursor = Cursor {
+            link,
             next: start,
             tick,
             closing: self.closing.clone(),
@@ -723,6 +819,7 @@ impl Relays {
         };
         let stream = futures_util::stream::unfold(cursor, Cursor::next);
         let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+        response.extensions_mut().insert(handle);
         *response.status_mut() = head.status;
         *response.headers_mut() = head.headers;
         if let Some(reason) = head.reason {
@@ -879,6 +976,8 @@ impl Drop for Subscriber {
 
 /// A relayed subscriber: the next entry it needs.
 struct Cursor {
+    /// Its position (the next entry) as direct delivery may advance it.
+    link: Arc<direct::Link>,
     next: u64,
     tick: watch::Receiver<Tick>,
     closing: watch::Receiver<bool>,
@@ -891,6 +990,10 @@ impl Cursor {
         loop {
             if *self.closing.borrow() {
                 return None;
+            }
+            let advanced = self.link.at.load(Acquire);
+            if advanced != direct::NONE {
+                self.next = self.next.max(advanced);
             }
             let tick = self.tick.borrow_and_update().clone();
             if self.next < tick.end {
@@ -905,6 +1008,7 @@ impl Cursor {
                 };
                 let bytes = bytes?;
                 self.next += 1;
+                self.link.at.store(self.next, Release);
                 Metrics::inc(&self.metrics.updates_sent_total);
                 let chunk = Chunk::counted(bytes, &self.metrics);
                 return Some((Ok(Frame::data(chunk)), self));
@@ -916,6 +1020,72 @@ impl Cursor {
                 changed = self.tick.changed() => if changed.is_err() { return None },
                 _ = self.closing.changed() => return None,
             }
+        }
+    }
+}
+
+/// A session as a source of direct delivery: positions are entry numbers,
+/// and a subscriber is written the entries it lacks, as received.
+struct SessionSource {
+    session: std::sync::Weak<Session>,
+}
+
+impl direct::Source for SessionSource {
+    fn head(&self) -> Option<u64> {
+        let session = self.session.upgrade()?;
+        let tick = session.tick.borrow();
+        (!tick.ended).then_some(tick.end)
+    }
+
+    fn pass(&self) -> Option<Box<dyn direct::Pass>> {
+        let session = self.session.upgrade()?;
+        let end = {
+            let tick = session.tick.borrow();
+            if tick.ended {
+                return None;
+            }
+            tick.end
+        };
+        Some(Box::new(RelayedPass {
+            session,
+            end,
+            framed: HashMap::new(),
+        }))
+    }
+}
+
+/// One sweep of a session: the entries from each position laggards are at
+/// to the announced end, joined in one chunk, built once per position.
+struct RelayedPass {
+    session: Arc<Session>,
+    end: u64,
+    /// `None`: the position fell out of the window (its task ends it).
+    framed: HashMap<u64, Option<(Bytes, u64)>>,
+}
+
+impl direct::Pass for RelayedPass {
+    fn head(&self) -> u64 {
+        self.end
+    }
+
+    fn step(&mut self, at: u64) -> direct::Step {
+        let (session, end) = (&self.session, self.end);
+        let framed = self.framed.entry(at).or_insert_with(|| {
+            let window = lock(&session.window);
+            let from = usize::try_from(at.checked_sub(window.first)?).ok()?;
+            let to = usize::try_from(end - window.first).ok()?;
+            let entries = window.entries.range(from..to.min(window.entries.len()));
+            let count = entries.len() as u64;
+            let joined: Vec<u8> = entries.flat_map(|e| e.raw.iter().copied()).collect();
+            (!joined.is_empty()).then(|| (direct::chunk(&joined), count))
+        });
+        match framed {
+            Some((chunk, updates)) => direct::Step::Write {
+                chunk: chunk.clone(),
+                updates: *updates,
+                snapshot: false,
+            },
+            None => direct::Step::HandBack,
         }
     }
 }

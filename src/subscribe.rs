@@ -210,9 +210,13 @@ impl Subscriptions {
         let heartbeat = (!interval.is_zero()).then(|| self.heartbeats.ticker(interval));
         let link = Arc::new(crate::direct::Link::default());
         let handle = crate::direct::Handle {
-            resource: resource.clone(),
+            source: Arc::new(crate::direct::Polled {
+                resource: Arc::downgrade(&resource),
+                history: self.history.clone(),
+                metrics: self.metrics.clone(),
+            }),
+            parked: resource.direct.clone(),
             link: link.clone(),
-            history: self.history.clone(),
             metrics: self.metrics.clone(),
             heartbeat: heartbeat.clone(),
             closing: self.closing.clone(),

@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::wire::{dechunk, metric, read_until, versions_in, versions_until};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -127,48 +129,6 @@ async fn a_stalled_reader_resumes_with_little_more_than_one_update() {
 // is written to the socket by the proxy itself. What it writes must be what
 // hyper would have written, and the connection must behave as under hyper.
 
-/// Reads from `stream` into `seen` until `done(seen)` holds, bounded in time.
-async fn read_until(stream: &mut TcpStream, seen: &mut Vec<u8>, done: impl Fn(&str) -> bool) {
-    let mut buf = [0u8; 16 * 1024];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done(&String::from_utf8_lossy(seen)) {
-        assert!(
-            Instant::now() < deadline,
-            "timed out; got {:?}",
-            String::from_utf8_lossy(seen)
-        );
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-            .await
-            .expect("read in time")
-            .expect("read");
-        assert!(n > 0, "closed; got {:?}", String::from_utf8_lossy(seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
-}
-
-/// The body of a chunked stream, from the end of the head to the
-/// terminating chunk or to the end of the bytes.
-fn dechunk(raw: &[u8]) -> Vec<u8> {
-    let text = raw;
-    let start = text
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a head")
-        + 4;
-    let mut rest = &text[start..];
-    let mut out = Vec::new();
-    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex"), 16)
-            .expect("chunk size");
-        if size == 0 || rest.len() < eol + 2 + size + 2 {
-            break;
-        }
-        out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
-        rest = &rest[eol + 2 + size + 2..];
-    }
-    out
-}
-
 /// Tells the proxy that `path` changed (the refresh hook).
 async fn refresh(admin: std::net::SocketAddr, path: &str) {
     let mut r = TcpStream::connect(admin).await.expect("connect");
@@ -183,16 +143,6 @@ async fn refresh(admin: std::net::SocketAddr, path: &str) {
         "{:?}",
         String::from_utf8_lossy(&answer)
     );
-}
-
-async fn metric(admin: std::net::SocketAddr, name: &str) -> f64 {
-    let text = common::body_of(common::get(admin, "/metrics", &[]).await).await;
-    let prefix = format!("braid_proxy_{name} ");
-    String::from_utf8_lossy(&text)
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_string()))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name}"))
 }
 
 /// An origin with `/doc` = "hello", and a proxy (heartbeats off) in front.
@@ -397,16 +347,6 @@ async fn a_request_whose_client_left_is_given_up() {
 // Direct delivery (src/direct.rs): caught-up fast-path subscriptions park,
 // and one sweep per change writes it to all of them.
 
-/// Reads chunked updates from `stream` until `count` versions have come;
-/// returns the versions in the order they came.
-async fn versions_until(stream: &mut TcpStream, seen: &mut Vec<u8>, count: usize) -> Vec<String> {
-    read_until(stream, seen, |t| {
-        t.lines().filter(|l| l.starts_with("Version: ")).count() >= count
-    })
-    .await;
-    versions_in(seen)
-}
-
 /// Twenty subscribers, parked once caught up, get every one of 15 changes,
 /// in order, from the sweep: the same bytes as a subscriber served through
 /// hyper (a `Connection` option keeps it off the fast path) gets from its task.
@@ -445,14 +385,6 @@ async fn parked_subscribers_get_every_change_in_order() {
         );
     }
     assert_eq!(metric(admin, "subscriptions_parked").await, 20.0);
-}
-
-/// The `Version` of every update in `seen`, in order.
-fn versions_in(seen: &[u8]) -> Vec<String> {
-    String::from_utf8_lossy(seen)
-        .lines()
-        .filter_map(|l| l.strip_prefix("Version: ").map(str::to_string))
-        .collect()
 }
 
 /// A parked subscription still gets its heartbeats, and updates after them.

@@ -70,7 +70,7 @@ impl Upstream {
     ) -> Upstream {
         let requests: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
         let closed: Arc<AtomicUsize> = Arc::default();
-        let (feed, _) = broadcast::channel(64);
+        let (feed, _) = broadcast::channel::<Bytes>(64);
         let (log, count, tx) = (requests.clone(), closed.clone(), feed.clone());
         let script = Arc::new(script);
         let addr = common::serve_async(move |req: Request<Incoming>| {
@@ -90,8 +90,11 @@ impl Upstream {
                     let rest =
                         futures_util::stream::unfold((rx, guard), |(mut rx, guard)| async move {
                             match rx.recv().await {
-                                Ok(bytes) => Some((Ok(Frame::data(bytes)), (rx, guard))),
-                                Err(_) => None,
+                                // Empty: the end (see `Upstream::end`).
+                                Ok(bytes) if !bytes.is_empty() => {
+                                    Some((Ok(Frame::data(bytes)), (rx, guard)))
+                                }
+                                _ => None,
                             }
                         });
                     let chained = futures_util::StreamExt::chain(first, rest);
@@ -121,6 +124,11 @@ impl Upstream {
 
     fn push(&self, bytes: &[u8]) {
         let _ = self.feed.send(Bytes::copy_from_slice(bytes));
+    }
+
+    /// Ends every open stream.
+    fn end(&self) {
+        let _ = self.feed.send(Bytes::new());
     }
 
     fn requests(&self) -> Vec<HeaderMap> {
@@ -690,4 +698,111 @@ async fn relayed_subscriptions_are_capped_per_resource() {
     assert_eq!(second.status().as_u16(), 503);
     assert!(second.headers().contains_key("retry-after"));
     assert_eq!(upstream.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blank_lines_written_apart_from_their_update_go_out_with_it() {
+    // Like braid-http's server: every update is followed by two blank
+    // lines, each written as a chunk of its own.
+    let (upstream, addr) =
+        streaming(b"Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi\r\n\r\n").await;
+    let mut body = subscribe(addr, "/doc", &[]).await.into_body();
+    let first = read_bytes(&mut body, 40).await;
+    assert!(first.ends_with(b"hi\r\n\r\n"), "{first:?}");
+    for n in 2..=4 {
+        upstream.push(format!("Version: \"v{n}\"\r\nContent-Length: 3\r\n\r\nbye").as_bytes());
+        // Each blank line apart in time, so that the proxy reads them apart.
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            upstream.push(b"\r\n");
+        }
+        // The update arrives as one piece (one HTTP chunk, one frame) that
+        // ends with its blank lines.
+        let frame = tokio::time::timeout(WAIT, body.frame())
+            .await
+            .expect("an update in time")
+            .expect("not ended")
+            .expect("no error")
+            .into_data()
+            .expect("data");
+        assert!(
+            frame.starts_with(format!("Version: \"v{n}\"").as_bytes())
+                && frame.ends_with(b"bye\r\n\r\n"),
+            "update {n} came as {frame:?}"
+        );
+    }
+}
+
+/// Relayed subscriptions on the fast path park once caught up: the sweep
+/// writes them every update, in order, with the bytes a subscriber served
+/// through hyper (a `Connection` option keeps it off the fast path) gets
+/// from its task; when the upstream ends, their streams end cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_relayed_subscribers_get_every_update_then_the_end() {
+    use common::wire::{dechunk, metric, read_until, versions_in, versions_until};
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start(|_, _| {
+        Script::stream(b"Version: \"v0\"\r\nContent-Length: 2\r\n\r\nhi\r\n\r\n")
+    })
+    .await;
+    let (addr, admin) = proxy(&upstream, |_| {}).await;
+    async fn raw(addr: SocketAddr, extra: &str) -> (tokio::net::TcpStream, Vec<u8>) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!("GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n{extra}\r\n");
+        s.write_all(head.as_bytes()).await.expect("write");
+        let mut seen = Vec::new();
+        read_until(&mut s, &mut seen, |t| t.contains("hi")).await;
+        (s, seen)
+    }
+    let mut subs = Vec::new();
+    for _ in 0..10 {
+        subs.push(raw(addr, "").await);
+    }
+    let mut through_hyper = raw(addr, "Connection: keep-alive, x-hop\r\nX-Hop: 1\r\n").await;
+    wait_for_metric(admin, "subscriptions_parked", 10.0).await;
+    for n in 1..=10 {
+        upstream.push(
+            format!(
+                "Version: \"v{n}\"\r\nParents: \"v{}\"\r\nContent-Length: 3\r\n\r\nu{n:02}\r\n\r\n",
+                n - 1
+            )
+            .as_bytes(),
+        );
+        for (s, seen) in &mut subs {
+            versions_until(s, seen, n + 1).await;
+        }
+        versions_until(&mut through_hyper.0, &mut through_hyper.1, n + 1).await;
+    }
+    // Written by the sweep: still parked.
+    assert_eq!(metric(admin, "subscriptions_parked").await, 10.0);
+    upstream.end();
+    read_until(&mut through_hyper.0, &mut through_hyper.1, |t| {
+        t.ends_with("0\r\n\r\n")
+    })
+    .await;
+    let want: Vec<String> = (0..=10).map(|n| format!("\"v{n}\"")).collect();
+    assert_eq!(versions_in(&through_hyper.1), want);
+    let reference = dechunk(&through_hyper.1);
+    for (s, seen) in &mut subs {
+        // The terminating chunk: the stream ended cleanly.
+        read_until(s, seen, |t| t.ends_with("0\r\n\r\n")).await;
+        assert_eq!(versions_in(seen), want);
+        assert_eq!(
+            dechunk(seen),
+            reference,
+            "the sweep sends what the task path sends"
+        );
+    }
+    wait_for_metric(admin, "subscriptions_parked", 0.0).await;
+}
+
+async fn wait_for_metric(admin: SocketAddr, name: &str, value: f64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while common::wire::metric(admin, name).await != value {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never reached {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
