@@ -206,30 +206,43 @@ struct Doc {
     bytes: usize,
 }
 
-async fn origin(listen: SocketAddr, doc: Arc<Mutex<Doc>>, grip: bool) -> SocketAddr {
-    let listener = TcpListener::bind(listen).await.expect("bind origin");
+/// Starts the origin on a thread of its own (its own event loop, on the
+/// generator's core): a real origin is another server, so its answers must
+/// not wait behind the generator's reading of thousands of sockets, which
+/// would add to braid-proxy's latency alone (its publish path asks the
+/// origin twice; the peers are published to directly).
+fn origin(listen: SocketAddr, doc: Arc<Mutex<Doc>>, grip: bool) -> SocketAddr {
+    let listener = std::net::TcpListener::bind(listen).expect("bind origin");
+    listener.set_nonblocking(true).expect("nonblocking");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let doc = doc.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let doc = doc.clone();
-                    async move {
-                        Ok::<_, Infallible>(if grip {
-                            grip_answer()
-                        } else {
-                            answer(&doc, &req)
-                        })
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("origin runtime");
+    std::thread::spawn(move || runtime.block_on(serve_origin(listener, doc, grip)));
     addr
+}
+
+async fn serve_origin(listener: std::net::TcpListener, doc: Arc<Mutex<Doc>>, grip: bool) {
+    let listener = TcpListener::from_std(listener).expect("origin listener");
+    while let Ok((stream, _)) = listener.accept().await {
+        let doc = doc.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let doc = doc.clone();
+                async move {
+                    Ok::<_, Infallible>(if grip {
+                        grip_answer()
+                    } else {
+                        answer(&doc, &req)
+                    })
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 /// Pushpin's upstream: hold every request as a stream on channel `doc`.
@@ -667,7 +680,7 @@ async fn main() {
         k: 0,
         bytes: a.payload,
     }));
-    let upstream = origin(a.origin, doc.clone(), a.system == System::Pushpin).await;
+    let upstream = origin(a.origin, doc.clone(), a.system == System::Pushpin);
     let mut child = None;
     let (target, root) = match a.system {
         System::Braid => {

@@ -376,6 +376,7 @@ fn hand_back_all(parked: &Parked) {
 
 /// Writes the pass's head to every parked subscriber not yet at it.
 async fn sweep(parked: &Parked, mut pass: Box<dyn Pass>, metrics: &Metrics) {
+    let started = std::time::Instant::now();
     let mut tally = Tally::default();
     let mut next = 0;
     loop {
@@ -398,6 +399,9 @@ async fn sweep(parked: &Parked, mut pass: Box<dyn Pass>, metrics: &Metrics) {
         .snapshots_sent_total
         .fetch_add(tally.snapshots, Relaxed);
     metrics.bytes_sent_total.fetch_add(tally.bytes, Relaxed);
+    metrics
+        .sweep_seconds
+        .observe(started.elapsed().as_secs_f64());
 }
 
 /// What one sweep wrote, added to the metrics once at its end.

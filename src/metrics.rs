@@ -44,6 +44,9 @@ pub struct Metrics {
     pub upstream_broken_total: AtomicU64,
     /// Time from sending an upstream request to its response headers.
     pub upstream_response_seconds: Histogram,
+    /// Time one sweep of direct delivery takes to write an update to every
+    /// parked subscriber of a resource (src/direct.rs).
+    pub sweep_seconds: Histogram,
 }
 
 /// A Prometheus histogram with fixed buckets, in seconds.
@@ -298,6 +301,11 @@ impl Metrics {
             &mut out,
             "upstream_response_seconds",
             "Time from an upstream request to its response headers (polls, subscriptions, pass-through).",
+        );
+        self.sweep_seconds.render(
+            &mut out,
+            "sweep_seconds",
+            "Time one direct-delivery sweep takes to write an update to every parked subscriber of a resource.",
         );
         out
     }

@@ -385,6 +385,9 @@ async fn parked_subscribers_get_every_change_in_order() {
         );
     }
     assert_eq!(metric(admin, "subscriptions_parked").await, 20.0);
+    // The sweeps that wrote them are timed.
+    let sweeps = metric(admin, "sweep_seconds_count").await;
+    assert!(sweeps >= 1.0, "{sweeps} sweeps timed");
 }
 
 /// A parked subscription still gets its heartbeats, and updates after them.
