@@ -130,6 +130,15 @@ pub struct Args {
     /// braid-http's multiplexing: `terminate` (the proxy serves multiplexers itself, from its shared state: fan-out kept) or `relay` (multiplexer requests go to the upstream as they are, for a Braid upstream whose own multiplexer clients rely on; multiplexed subscriptions then each cost an upstream request) [default: terminate]
     #[arg(long, value_name = "MODE")]
     pub multiplex: Option<String>,
+    /// Most multiplexers open at once on this proxy; more get 503 [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub max_multiplexers: Option<String>,
+    /// Most requests open at once inside one multiplexer; more get 503 [default: 256]
+    #[arg(long, value_name = "N")]
+    pub max_multiplexed_requests: Option<String>,
+    /// A multiplexer without any request for this long ends [default: 60s]
+    #[arg(long, value_name = "DURATION")]
+    pub multiplexer_idle: Option<String>,
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
@@ -224,6 +233,9 @@ pub struct Config {
     pub upstream_kind: UpstreamKind,
     pub hold_upstream_breaks: Duration,
     pub multiplex: MultiplexMode,
+    pub max_multiplexers: usize,
+    pub max_multiplexed_requests: usize,
+    pub multiplexer_idle: Duration,
 }
 
 /// Who serves braid-http's multiplexing (`--multiplex`).
@@ -283,6 +295,9 @@ impl Default for Config {
             upstream_kind: UpstreamKind::Auto,
             hold_upstream_breaks: Duration::ZERO,
             multiplex: MultiplexMode::Terminate,
+            max_multiplexers: 1024,
+            max_multiplexed_requests: 256,
+            multiplexer_idle: Duration::from_secs(60),
         }
     }
 }
@@ -388,7 +403,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 32] = [
+        let pairs: [(&'static str, Option<String>); 35] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -426,6 +441,9 @@ impl Config {
             ("upstream-kind", args.upstream_kind),
             ("hold-upstream-breaks", args.hold_upstream_breaks),
             ("multiplex", args.multiplex),
+            ("max-multiplexers", args.max_multiplexers),
+            ("max-multiplexed-requests", args.max_multiplexed_requests),
+            ("multiplexer-idle", args.multiplexer_idle),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -492,6 +510,20 @@ impl Config {
             }
             "heartbeat" => self.heartbeat = parse_duration(v).map_err(e)?,
             "max-subscriptions" => self.max_subscriptions = parse_count(v).map_err(e)?,
+            "max-multiplexers" => {
+                self.max_multiplexers = in_range(parse_count(v).map_err(e)?, 1, 1 << 20, key)?
+            }
+            "max-multiplexed-requests" => {
+                self.max_multiplexed_requests =
+                    in_range(parse_count(v).map_err(e)?, 1, 1 << 16, key)?
+            }
+            "multiplexer-idle" => {
+                let idle = parse_duration(v).map_err(e)?;
+                if idle < Duration::from_secs(1) {
+                    return Err(bad(key, format!("{v} is shorter than 1s")));
+                }
+                self.multiplexer_idle = idle;
+            }
             "max-subscriptions-per-resource" => {
                 self.max_subscriptions_per_resource = parse_count(v).map_err(e)?
             }
@@ -602,6 +634,9 @@ pub const KEYS: &[&str] = &[
     "upstream-kind",
     "hold-upstream-breaks",
     "multiplex",
+    "max-multiplexers",
+    "max-multiplexed-requests",
+    "multiplexer-idle",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {
@@ -759,5 +794,41 @@ mod tests {
         c.set("multiplex", "relay").unwrap();
         assert_eq!(c.multiplex, MultiplexMode::Relay);
         assert!(c.set("multiplex", "both").is_err());
+    }
+
+    #[test]
+    fn multiplexer_bounds_from_flags_and_toml() {
+        use clap::Parser;
+        let d = Config::default();
+        assert_eq!(
+            (d.max_multiplexers, d.max_multiplexed_requests),
+            (1024, 256)
+        );
+        assert_eq!(d.multiplexer_idle, Duration::from_secs(60));
+        let args = Args::try_parse_from([
+            "braid-proxy",
+            "--max-multiplexers",
+            "3",
+            "--max-multiplexed-requests",
+            "7",
+            "--multiplexer-idle",
+            "5s",
+        ])
+        .unwrap();
+        let c = Config::from_args(args).unwrap();
+        assert_eq!((c.max_multiplexers, c.max_multiplexed_requests), (3, 7));
+        assert_eq!(c.multiplexer_idle, Duration::from_secs(5));
+        let mut t = Config::default();
+        t.apply_toml(Path::new("t.toml"), "max-multiplexers = 9\n")
+            .unwrap();
+        assert_eq!(t.max_multiplexers, 9);
+        for (key, value) in [
+            ("max-multiplexers", "0"),
+            ("max-multiplexed-requests", "0"),
+            ("max-multiplexed-requests", "many"),
+            ("multiplexer-idle", "10ms"),
+        ] {
+            assert!(t.set(key, value).is_err(), "{key} = {value}");
+        }
     }
 }

@@ -96,6 +96,12 @@ impl Router {
         let cors = Cors::new(config.cors_origins.clone());
         let writes = Writes::new(watchers.clone(), &config);
         let state_bytes = config.state_bytes;
+        let multiplexers = Multiplexers::new(multiplex::Limits {
+            max_multiplexers: config.max_multiplexers,
+            max_requests: config.max_multiplexed_requests,
+            idle: config.multiplexer_idle,
+            ..multiplex::Limits::default()
+        });
         let inner = Inner {
             config,
             client,
@@ -107,7 +113,7 @@ impl Router {
             subscriptions,
             cors,
             writes,
-            multiplexers: Multiplexers::new(multiplex::Limits::default()),
+            multiplexers,
             copies: Arc::new(body::CopyBudget::new(state_bytes / 4)),
         };
         Ok(Router {

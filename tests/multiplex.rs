@@ -353,6 +353,27 @@ async fn malformed_and_over_bound_requests_are_refused() {
 }
 
 #[tokio::test]
+async fn the_configured_bounds_give_503s_with_retry_after() {
+    let origin = Origin::default();
+    origin.set("/doc", "one");
+    let (addr, _) = common::proxy_for(origin.start().await, |c| {
+        c.max_multiplexers = 1;
+        c.max_multiplexed_requests = 1;
+    })
+    .await;
+    let _first = open(addr, "first").await;
+    let second = send(addr, versioned("POST", "/.well-known/multiplexer/second")).await;
+    assert_eq!(second.status(), 503, "one multiplexer at most");
+    assert!(second.headers().contains_key("retry-after"));
+    expect_293(addr, through("first", "r1", "/doc")).await;
+    let full = send(addr, through("first", "r2", "/doc")).await;
+    assert_eq!(full.status(), 503, "one request per multiplexer at most");
+    assert!(full.headers().contains_key("retry-after"));
+    let body = full.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body.iter().filter(|b| **b == b'\n').count(), 1, "one line");
+}
+
+#[tokio::test]
 async fn preflights_allow_the_multiplexing_methods_and_headers() {
     let origin = Origin::default();
     let (addr, _) = common::proxy_for(origin.start().await, |c| {
