@@ -362,7 +362,13 @@ type Answer = std::pin::Pin<
 /// The service of one connection. The request future is boxed: hyper keeps
 /// a slot of the service future's size for the whole connection, and
 /// `Router::handle` is a few KiB, which an idle subscription would otherwise
-/// hold for nothing. `served`, when given, is set by the first request.
+/// hold for nothing. And it is boxed twice: the outer box holds only the
+/// request until the stream's task first polls it, and `Router::handle`'s
+/// few KiB are allocated then. An HTTP/2 connection task makes the futures
+/// of every stream a client opens in one burst (hundreds) before any of them
+/// runs; boxed once, each would hold its few KiB from the start, and the
+/// freed peak would stay in the process's RSS. `served`, when given, is set
+/// by the first request.
 fn service(
     router: Router,
     conn_info: ConnInfo,
@@ -379,6 +385,9 @@ fn service(
         }
         let router = router.clone();
         let req = req.map(crate::body::incoming);
-        Box::pin(async move { Ok::<_, Infallible>(router.handle(req, conn_info).await) }) as Answer
+        Box::pin(async move {
+            let handle = Box::pin(router.handle(req, conn_info));
+            Ok::<_, Infallible>(handle.await)
+        }) as Answer
     })
 }
