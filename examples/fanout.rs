@@ -1031,7 +1031,15 @@ async fn main() {
         let mut lat: Vec<u32> = Vec::new();
         let mut lat_read: Vec<u32> = Vec::new();
         let mut unstamped = 0u64;
+        // Per update: the first and the last arrival (µs after its
+        // scheduled time), to tell a late update from a long sweep.
+        let mut per_update: HashMap<u64, (u32, u32)> = HashMap::new();
         for r in results.iter().filter(|r| r.ready) {
+            for &(k, l, _) in &r.got {
+                let e = per_update.entry(k).or_insert((l, l));
+                e.0 = e.0.min(l);
+                e.1 = e.1.max(l);
+            }
             let got: HashSet<u64> = r.got.iter().map(|&(k, _, _)| k).collect();
             deliveries += got.len() as u64;
             lat.extend(r.got.iter().map(|&(_, l, _)| l));
@@ -1112,6 +1120,24 @@ async fn main() {
                 "latency ms from the scheduled publish to this generator's read: {}",
                 line(&lat_read)
             );
+            let mut slowest: Vec<(u64, u32, u32)> =
+                per_update.iter().map(|(&k, &(a, b))| (k, a, b)).collect();
+            slowest.sort_unstable_by_key(|&(k, _, last)| (std::cmp::Reverse(last), k));
+            slowest.truncate(3);
+            let ms = |us: u32| f64::from(us) / 1000.0;
+            println!(
+                "the slowest updates (k: first .. last arrival, ms): {}",
+                slowest
+                    .iter()
+                    .map(|&(k, a, b)| format!("{k}: {:.1} .. {:.1}", ms(a), ms(b)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            report["slowest_updates"] = slowest
+                .iter()
+                .map(|&(k, a, b)| serde_json::json!({"k": k, "first_ms": ms(a), "last_ms": ms(b)}))
+                .collect::<Vec<_>>()
+                .into();
             report["unstamped_reads"] = unstamped.into();
             // p50_ms ... max_ms to arrival, read_p50_ms ... to the read.
             for (prefix, lat) in [("", &lat), ("read_", &lat_read)] {
