@@ -383,11 +383,53 @@ fn service(
         if let Some(served) = &served {
             served.store(true, Ordering::Relaxed);
         }
-        let router = router.clone();
-        let req = req.map(crate::body::incoming);
-        Box::pin(async move {
-            let handle = Box::pin(router.handle(req, conn_info));
-            Ok::<_, Infallible>(handle.await)
-        }) as Answer
+        answer(router.clone(), req.map(crate::body::incoming), conn_info)
     })
+}
+
+/// The future of one request: a box holding the request until it is first
+/// polled, and `Router::handle`'s future, boxed then (see `service`).
+fn answer(router: Router, req: http::Request<crate::body::RequestBody>, conn: ConnInfo) -> Answer {
+    Box::pin(async move {
+        let handle = Box::pin(router.handle(req, conn));
+        Ok::<_, Infallible>(handle.await)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> http::Request<crate::body::RequestBody> {
+        http::Request::builder()
+            .uri("/doc")
+            .header("subscribe", "true")
+            .body(crate::body::no_request_body())
+            .expect("request")
+    }
+
+    #[tokio::test]
+    async fn a_request_holds_little_until_its_task_polls_it() {
+        let config = Config {
+            upstream: Some(crate::config::Upstream::parse("http://127.0.0.1:9").expect("url")),
+            ..Config::default()
+        };
+        let router = Router::new(config).expect("router");
+        let conn = ConnInfo {
+            peer: "127.0.0.1:1".parse().expect("addr"),
+            local: "127.0.0.1:2".parse().expect("addr"),
+        };
+        let waiting = answer(router.clone(), request(), conn);
+        let handle = router.handle(request(), conn);
+        let (waiting, whole) = (
+            std::mem::size_of_val(&*waiting),
+            std::mem::size_of_val(&handle),
+        );
+        // What an HTTP/2 stream holds between its HEADERS frame and its
+        // task's first poll: the request, not `Router::handle`'s state.
+        assert!(
+            waiting * 3 < whole,
+            "{waiting} bytes before the first poll, {whole} for the handler"
+        );
+    }
 }
