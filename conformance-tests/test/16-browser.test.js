@@ -115,8 +115,15 @@ test('twelve live subscriptions in Chromium, cross-origin, across a proxy restar
       assert.equal(s.snapshotsSinceReconnect, 0, `sub ${s.i} (${s.path}) got a snapshot after the restart\n${explain()}`)
       if (s.path !== '/clock') assert.ok(s.patchesSinceReconnect >= 1, `sub ${s.i} (${s.path}) caught up with a patch\n${explain()}`)
     }
-    assert.equal(await tab.textContent('#text'), origin.text('/notes.txt'))
-    assert.match(await tab.textContent('#json'), /hello again/)
+    // The page renders on the next animation frame after a subscription's
+    // state changes, so its views can be a frame behind the state checked
+    // above: wait for them.
+    await waitFor(async () => (await tab.textContent('#text')) === origin.text('/notes.txt'), 5000, {
+      message: () => `the text view never showed the third draft\n${explain()}`,
+    })
+    await waitFor(async () => /hello again/.test(await tab.textContent('#json')), 5000, {
+      message: () => `the JSON view never showed the new greeting\n${explain()}`,
+    })
     if (process.env.BRAID_CONFORMANCE_VERBOSE) console.error(explain())
   } finally {
     await context?.close().catch(() => {})
