@@ -262,6 +262,8 @@ pub enum UpstreamKind {
 
 impl Default for Config {
     fn default() -> Self {
+        // The multiplexers' bounds have one home: multiplex::Limits.
+        let mux = crate::multiplex::Limits::default();
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: None,
@@ -295,9 +297,9 @@ impl Default for Config {
             upstream_kind: UpstreamKind::Auto,
             hold_upstream_breaks: Duration::ZERO,
             multiplex: MultiplexMode::Terminate,
-            max_multiplexers: 1024,
-            max_multiplexed_requests: 256,
-            multiplexer_idle: Duration::from_secs(60),
+            max_multiplexers: mux.max_multiplexers,
+            max_multiplexed_requests: mux.max_requests,
+            multiplexer_idle: mux.idle,
         }
     }
 }
