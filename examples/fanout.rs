@@ -540,14 +540,14 @@ async fn subscriber(
         let changed = control.changed();
         tokio::pin!(changed);
         loop {
-            let n = tokio::select! {
+            let (n, stamp) = tokio::select! {
                 biased;
                 changed = &mut changed => match changed {
                     Ok(()) => continue 'control,
                     Err(_) => return result,
                 },
-                            read = read_stamped(&stream, &mut buf, &mut cmsg) => match read {
-                Ok((n, stamp)) if n > 0 => (n, stamp),
+                read = read_stamped(&stream, &mut buf, &mut cmsg) => match read {
+                    Ok((n, stamp)) if n > 0 => (n, stamp),
                     _ => {
                         if !head_done {
                             shared.refused.fetch_add(1, Ordering::Relaxed);
@@ -556,7 +556,6 @@ async fn subscriber(
                     }
                 },
             };
-            let (n, stamp) = n;
             let now = Instant::now();
             if stamp.is_none() {
                 result.unstamped += 1;
@@ -602,13 +601,12 @@ async fn subscriber(
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(0);
                 pos = start + end;
-                let schedule = shared.schedule.get();
-                if let Some(at) = schedule.and_then(|s| s.scheduled(k)) {
+                let Some(schedule) = shared.schedule.get() else {
+                    continue;
+                };
+                if let Some(at) = schedule.scheduled(k) {
                     if seen.insert(k) {
-                        let arrived = match (stamp, schedule) {
-                            (Some(t), Some(s)) => s.instant_of(t).min(now),
-                            _ => now,
-                        };
+                        let arrived = stamp.map_or(now, |t| schedule.instant_of(t).min(now));
                         let micros = |t: Instant| {
                             let us = t.saturating_duration_since(at).as_micros();
                             us.min(u32::MAX as u128) as u32
