@@ -355,7 +355,7 @@ async fn sweeper(source: Arc<dyn Source>, parked: Arc<Parked>, metrics: Arc<Metr
             hand_back_all(&parked);
             return;
         };
-        sweep(&parked, pass, &metrics).await;
+        sweep(&*source, &parked, pass, &metrics).await;
     }
 }
 
@@ -374,12 +374,30 @@ fn hand_back_all(parked: &Parked) {
     }
 }
 
-/// Writes the pass's head to every parked subscriber not yet at it.
-async fn sweep(parked: &Parked, mut pass: Box<dyn Pass>, metrics: &Metrics) {
+/// Writes the source's head to every parked subscriber not yet at it.
+///
+/// A head published while the sweep is under way is what the rest of the
+/// sweep writes: a subscriber is always sent the newest state there is when
+/// its turn comes, never one already superseded. Those the sweep passed
+/// before the new head get it from the next sweep (the publish left its
+/// wake-up). Without this, a sweep longer than the time between updates
+/// sends the last subscribers a stale version, and the current one a whole
+/// sweep later.
+async fn sweep(source: &dyn Source, parked: &Parked, mut pass: Box<dyn Pass>, metrics: &Metrics) {
     let started = std::time::Instant::now();
     let mut tally = Tally::default();
     let mut next = 0;
     loop {
+        if next > 0 && source.head().is_some_and(|head| head > pass.head()) {
+            match source.pass() {
+                Some(newer) => {
+                    pass = newer;
+                    metrics.sweep_head_changes_total.fetch_add(1, Relaxed);
+                }
+                // Over: the sweeper hands everyone back.
+                None => break,
+            }
+        }
         {
             let entries = lock(&parked.entries);
             let end = (next + SWEEP_BATCH).min(entries.slots.len());
@@ -559,4 +577,132 @@ pub fn chunk(data: &[u8]) -> Bytes {
     out.put_slice(data);
     out.put_slice(b"\r\n");
     out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+
+    /// A source whose head moves when the test (or its first pass) says, and
+    /// whose chunks name the step they take a subscriber through.
+    #[derive(Default)]
+    struct Moving {
+        head: AtomicU64,
+        passes: AtomicU64,
+        parked: Arc<Parked>,
+    }
+
+    struct MovingPass {
+        source: Arc<Moving>,
+        head: u64,
+        first: bool,
+    }
+
+    fn step_chunk(from: u64, to: u64) -> Bytes {
+        chunk(format!("{from}->{to};").as_bytes())
+    }
+
+    impl Source for Arc<Moving> {
+        fn head(&self) -> Option<u64> {
+            Some(self.head.load(Acquire))
+        }
+        fn pass(&self) -> Option<Box<dyn Pass>> {
+            let first = self.passes.fetch_add(1, AcqRel) == 0;
+            Some(Box::new(MovingPass {
+                source: self.clone(),
+                head: self.head.load(Acquire),
+                first,
+            }))
+        }
+    }
+
+    impl Pass for MovingPass {
+        fn head(&self) -> u64 {
+            self.head
+        }
+        fn step(&mut self, at: u64) -> Step {
+            if self.first {
+                // A newer version comes out as the first sweep begins.
+                self.first = false;
+                self.source.head.store(self.head + 1, Release);
+                self.source.parked.published();
+            }
+            Step::Write {
+                chunk: step_chunk(at, self.head),
+                updates: 1,
+                snapshot: false,
+            }
+        }
+    }
+
+    async fn read_exactly(client: &mut TcpStream, len: usize) -> Vec<u8> {
+        let mut got = vec![0; len];
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got))
+            .await
+            .expect("the sweep wrote in time")
+            .expect("read");
+        got
+    }
+
+    #[tokio::test]
+    async fn a_sweep_goes_on_with_a_head_published_while_it_runs() {
+        let source = Arc::new(Moving::default());
+        let dyn_source: Arc<dyn Source> = Arc::new(source.clone());
+        let parked = source.parked.clone();
+        let metrics = Arc::new(Metrics::default());
+        let (_closing_tx, closing) = watch::channel(false);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let n = SWEEP_BATCH * 2 + 10;
+        let mut clients = Vec::with_capacity(n);
+        let mut tickets = Vec::with_capacity(n);
+        for _ in 0..n {
+            let client = TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            let handle = Handle {
+                source: dyn_source.clone(),
+                parked: parked.clone(),
+                link: Arc::new(Link::default()),
+                metrics: metrics.clone(),
+                heartbeat: None,
+                closing: closing.clone(),
+            };
+            handle.link.at.store(0, Release);
+            tickets.push(handle.park(&Arc::new(server)).expect("caught up: parks"));
+            clients.push(client);
+        }
+        source.head.store(1, Release);
+        parked.published();
+
+        // The first batch was written version 1, then version 2 by the next
+        // sweep; everyone after it went straight to version 2.
+        let passed: Vec<u8> = [step_chunk(0, 1), step_chunk(1, 2)].concat();
+        let straight = step_chunk(0, 2);
+        for (i, client) in clients.iter_mut().enumerate() {
+            let want: &[u8] = if i < SWEEP_BATCH { &passed } else { &straight };
+            let got = read_exactly(client, want.len()).await;
+            assert_eq!(got, want, "subscriber {i}");
+        }
+        for (i, ticket) in tickets.iter().enumerate() {
+            assert_eq!(ticket.handle.link.at.load(Acquire), 2, "subscriber {i}");
+        }
+        // Nothing else follows.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (i, client) in clients.iter().enumerate() {
+            let mut byte = [0u8; 1];
+            let extra = client.try_read(&mut byte);
+            assert!(
+                matches!(&extra, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+                "subscriber {i} read more: {extra:?}"
+            );
+        }
+        assert_eq!(metrics.sweep_head_changes_total.load(Relaxed), 1);
+        assert_eq!(
+            metrics.updates_sent_total.load(Relaxed),
+            (n + SWEEP_BATCH) as u64
+        );
+    }
 }

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub updates_sent_total: AtomicU64,
     pub collapsed_total: AtomicU64,
     pub snapshots_sent_total: AtomicU64,
+    /// Direct-delivery sweeps that took a head published while they ran.
+    pub sweep_head_changes_total: AtomicU64,
     pub heartbeats_sent_total: AtomicU64,
     pub polls_not_modified_total: AtomicU64,
     pub diffs_total: AtomicU64,
@@ -133,7 +135,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 25] = [
+        let counters: [(&str, &AtomicU64, &str); 26] = [
             (
                 "bytes_sent_total",
                 &self.bytes_sent_total,
@@ -233,6 +235,11 @@ impl Metrics {
                 "snapshots_sent_total",
                 &self.snapshots_sent_total,
                 "Snapshots handed to subscriber connections.",
+            ),
+            (
+                "sweep_head_changes_total",
+                &self.sweep_head_changes_total,
+                "Direct-delivery sweeps that went on with a version published while they ran.",
             ),
             (
                 "heartbeats_sent_total",
