@@ -49,12 +49,13 @@ pub trait Source: Send + Sync + 'static {
     fn pass(&self) -> Option<Box<dyn Pass>>;
 }
 
-/// One sweep's view of its source.
-pub trait Pass: Send {
+/// One sweep's view of its source, shared by the sweep's shards: what it
+/// writes for each position is built once, whichever shard asks first.
+pub trait Pass: Send + Sync {
     /// The position every subscriber is taken to.
     fn head(&self) -> u64;
     /// What takes a subscriber at `at` (before the head) there.
-    fn step(&mut self, at: u64) -> Step;
+    fn step(&self, at: u64) -> Step;
 }
 
 /// What a sweep does for one parked subscriber.
@@ -179,10 +180,17 @@ impl Entries {
 /// its worker. The set is locked meanwhile (parks and unparks wait).
 const SWEEP_BATCH: usize = 128;
 
+/// Most shards one source's parked subscribers are split into.
+const MAX_SHARDS: usize = 64;
+
 /// The parked subscribers of one source, and its sweeper's wake-up.
-#[derive(Default)]
+///
+/// They are split into as many shards as the runtime has workers (taken in
+/// turn as they park), and each sweep writes the shards in parallel, one
+/// task each, so that one busy resource is not swept on one core while the
+/// others idle. With one worker there is one shard and no extra task.
 pub struct Parked {
-    entries: Mutex<Entries>,
+    shards: Box<[Mutex<Entries>]>,
     next_id: AtomicU64,
     /// Set once a sweeper task runs for this source.
     sweeping: AtomicBool,
@@ -191,7 +199,31 @@ pub struct Parked {
     closed: AtomicBool,
 }
 
+impl Default for Parked {
+    fn default() -> Parked {
+        let workers =
+            tokio::runtime::Handle::try_current().map_or(1, |rt| rt.metrics().num_workers());
+        Parked::with_shards(workers)
+    }
+}
+
 impl Parked {
+    fn with_shards(n: usize) -> Parked {
+        Parked {
+            shards: (0..n.clamp(1, MAX_SHARDS))
+                .map(|_| Mutex::default())
+                .collect(),
+            next_id: AtomicU64::new(0),
+            sweeping: AtomicBool::new(false),
+            published: Notify::new(),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn shard_of(&self, id: u64) -> &Mutex<Entries> {
+        &self.shards[(id % self.shards.len() as u64) as usize]
+    }
+
     /// Wakes the sweeper: the source has a new head.
     pub fn published(&self) {
         self.published.notify_one();
@@ -239,7 +271,7 @@ impl Handle {
         }
         self.link.state.store(PARKED, Release);
         let id = parked.next_id.fetch_add(1, Relaxed);
-        let index = lock(&parked.entries).insert(Entry {
+        let index = lock(parked.shard_of(id)).insert(Entry {
             id,
             stream: stream.clone(),
             link: self.link.clone(),
@@ -247,7 +279,7 @@ impl Handle {
         if parked.closed.load(Acquire) {
             // Closed meanwhile: the sweeper may have handed back everyone
             // before this one came.
-            lock(&parked.entries).remove(index, id);
+            lock(parked.shard_of(id)).remove(index, id);
             self.link.state.store(ACTIVE, Release);
             return None;
         }
@@ -325,7 +357,7 @@ impl Ticket {
     }
 
     fn remove(&self) {
-        lock(&self.handle.parked.entries).remove(self.index, self.id);
+        lock(self.handle.parked.shard_of(self.id)).remove(self.index, self.id);
     }
 }
 
@@ -355,26 +387,79 @@ async fn sweeper(source: Arc<dyn Source>, parked: Arc<Parked>, metrics: Arc<Metr
             hand_back_all(&parked);
             return;
         };
-        sweep(&*source, &parked, pass, &metrics).await;
+        let started = std::time::Instant::now();
+        let round = Arc::new(Round {
+            source: source.clone(),
+            latest: Mutex::new(Arc::from(pass)),
+            metrics: metrics.clone(),
+        });
+        // The other shards in tasks of their own, which the runtime's idle
+        // workers take; the first in this one. Empty shards need no task.
+        let others: Vec<_> = (1..parked.shards.len())
+            .filter(|&shard| !lock(&parked.shards[shard]).slots.is_empty())
+            .map(|shard| tokio::spawn(sweep(parked.clone(), shard, round.clone())))
+            .collect();
+        sweep(parked.clone(), 0, round).await;
+        for other in others {
+            // A shard's task ends on its own; an error is the runtime
+            // shutting down.
+            let _ = other.await;
+        }
+        metrics
+            .sweep_seconds
+            .observe(started.elapsed().as_secs_f64());
     }
 }
 
 /// Hands every parked subscriber back to its task (the source is over).
 fn hand_back_all(parked: &Parked) {
-    let entries = lock(&parked.entries);
-    for entry in entries.slots.iter().flatten() {
-        let link = &entry.link;
-        if link
-            .state
-            .compare_exchange(PARKED, WRITING, AcqRel, Acquire)
-            .is_ok()
-        {
-            hand_back(link);
+    for shard in parked.shards.iter() {
+        let entries = lock(shard);
+        for entry in entries.slots.iter().flatten() {
+            let link = &entry.link;
+            if link
+                .state
+                .compare_exchange(PARKED, WRITING, AcqRel, Acquire)
+                .is_ok()
+            {
+                hand_back(link);
+            }
         }
     }
 }
 
-/// Writes the source's head to every parked subscriber not yet at it.
+/// One sweep of a source, shared by the tasks that write its shards.
+struct Round {
+    source: Arc<dyn Source>,
+    /// The newest pass any of them took.
+    latest: Mutex<Arc<dyn Pass>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Round {
+    /// Moves `pass` on to the source's head if it has moved on, with one new
+    /// pass for all the shards; false when the source is over.
+    fn catch_up(&self, pass: &mut Arc<dyn Pass>) -> bool {
+        let Some(head) = self.source.head() else {
+            return true;
+        };
+        if head <= pass.head() {
+            return true;
+        }
+        let mut latest = lock(&self.latest);
+        if latest.head() < head {
+            let Some(newer) = self.source.pass() else {
+                return false;
+            };
+            *latest = Arc::from(newer);
+            self.metrics.sweep_head_changes_total.fetch_add(1, Relaxed);
+        }
+        *pass = latest.clone();
+        true
+    }
+}
+
+/// Writes the source's head to every subscriber of one shard not yet at it.
 ///
 /// A head published while the sweep is under way is what the rest of the
 /// sweep writes: a subscriber is always sent the newest state there is when
@@ -383,43 +468,35 @@ fn hand_back_all(parked: &Parked) {
 /// wake-up). Without this, a sweep longer than the time between updates
 /// sends the last subscribers a stale version, and the current one a whole
 /// sweep later.
-async fn sweep(source: &dyn Source, parked: &Parked, mut pass: Box<dyn Pass>, metrics: &Metrics) {
-    let started = std::time::Instant::now();
+async fn sweep(parked: Arc<Parked>, shard: usize, round: Arc<Round>) {
+    let mut pass = lock(&round.latest).clone();
     let mut tally = Tally::default();
     let mut next = 0;
     loop {
-        if next > 0 && source.head().is_some_and(|head| head > pass.head()) {
-            match source.pass() {
-                Some(newer) => {
-                    pass = newer;
-                    metrics.sweep_head_changes_total.fetch_add(1, Relaxed);
-                }
-                // Over: the sweeper hands everyone back.
-                None => break,
-            }
+        if next > 0 && !round.catch_up(&mut pass) {
+            // Over: the sweeper hands everyone back.
+            break;
         }
         {
-            let entries = lock(&parked.entries);
+            let entries = lock(&parked.shards[shard]);
             let end = (next + SWEEP_BATCH).min(entries.slots.len());
             if next >= end {
                 break;
             }
             for entry in entries.slots[next..end].iter().flatten() {
-                deliver(entry, &mut *pass, &mut tally);
+                deliver(entry, &*pass, &mut tally);
             }
             next = end;
         }
         // Let the other tasks of this worker run during a long sweep.
         tokio::task::yield_now().await;
     }
+    let metrics = &round.metrics;
     metrics.updates_sent_total.fetch_add(tally.updates, Relaxed);
     metrics
         .snapshots_sent_total
         .fetch_add(tally.snapshots, Relaxed);
     metrics.bytes_sent_total.fetch_add(tally.bytes, Relaxed);
-    metrics
-        .sweep_seconds
-        .observe(started.elapsed().as_secs_f64());
 }
 
 /// What one sweep wrote, added to the metrics once at its end.
@@ -453,7 +530,7 @@ impl Source for Polled {
             head,
             history: self.history.clone(),
             metrics: self.metrics.clone(),
-            others: HashMap::new(),
+            others: Mutex::default(),
         }))
     }
 }
@@ -467,7 +544,7 @@ struct PolledPass {
     history: Arc<History>,
     metrics: Arc<Metrics>,
     usual: Option<Bytes>,
-    others: HashMap<u64, Option<(Bytes, bool)>>,
+    others: Mutex<HashMap<u64, Option<(Bytes, bool)>>>,
 }
 
 impl Pass for PolledPass {
@@ -475,13 +552,13 @@ impl Pass for PolledPass {
         self.head.seq
     }
 
-    fn step(&mut self, at: u64) -> Step {
+    fn step(&self, at: u64) -> Step {
         let framed = match &self.usual {
             Some(usual) if at + 1 == self.head.seq => Some((usual.clone(), false)),
             _ => {
                 let (resource, head, history, metrics) =
                     (&self.resource, &self.head, &self.history, &self.metrics);
-                self.others
+                lock(&self.others)
                     .entry(at)
                     .or_insert_with(|| {
                         crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
@@ -502,7 +579,7 @@ impl Pass for PolledPass {
 }
 
 /// Writes the head to one parked subscriber, if it is parked and behind.
-fn deliver(entry: &Entry, pass: &mut dyn Pass, tally: &mut Tally) {
+fn deliver(entry: &Entry, pass: &dyn Pass, tally: &mut Tally) {
     let link = &entry.link;
     if link
         .state
@@ -597,7 +674,7 @@ mod tests {
     struct MovingPass {
         source: Arc<Moving>,
         head: u64,
-        first: bool,
+        first: AtomicBool,
     }
 
     fn step_chunk(from: u64, to: u64) -> Bytes {
@@ -613,7 +690,7 @@ mod tests {
             Some(Box::new(MovingPass {
                 source: self.clone(),
                 head: self.head.load(Acquire),
-                first,
+                first: AtomicBool::new(first),
             }))
         }
     }
@@ -622,10 +699,9 @@ mod tests {
         fn head(&self) -> u64 {
             self.head
         }
-        fn step(&mut self, at: u64) -> Step {
-            if self.first {
+        fn step(&self, at: u64) -> Step {
+            if self.first.swap(false, AcqRel) {
                 // A newer version comes out as the first sweep begins.
-                self.first = false;
                 self.source.head.store(self.head + 1, Release);
                 self.source.parked.published();
             }
@@ -648,13 +724,26 @@ mod tests {
 
     #[tokio::test]
     async fn a_sweep_goes_on_with_a_head_published_while_it_runs() {
+        head_published_during_a_sweep(1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_shard_of_a_sweep_goes_on_with_the_newer_head() {
+        head_published_during_a_sweep(2).await;
+    }
+
+    /// Parks subscribers at 0 and publishes 1, whose first pass publishes 2
+    /// as it begins: what each one reads shows which version it was sent.
+    async fn head_published_during_a_sweep(shards: usize) {
         let source = Arc::new(Moving::default());
         let dyn_source: Arc<dyn Source> = Arc::new(source.clone());
         let parked = source.parked.clone();
+        assert_eq!(parked.shards.len(), shards, "one shard per worker");
         let metrics = Arc::new(Metrics::default());
         let (_closing_tx, closing) = watch::channel(false);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let n = SWEEP_BATCH * 2 + 10;
+        // Each shard: two batches and some more.
+        let n = (SWEEP_BATCH * 2 + 5) * shards;
         let mut clients = Vec::with_capacity(n);
         let mut tickets = Vec::with_capacity(n);
         for _ in 0..n {
@@ -677,14 +766,37 @@ mod tests {
         source.head.store(1, Release);
         parked.published();
 
-        // The first batch was written version 1, then version 2 by the next
-        // sweep; everyone after it went straight to version 2.
+        // The first batch of the shard that began (subscribers park into
+        // the shards in turn) was written version 1, then version 2 by the
+        // next sweep; everyone after the first batches went straight to
+        // version 2. Another shard's first batch has either, as its task
+        // began before or after the newer pass.
         let passed: Vec<u8> = [step_chunk(0, 1), step_chunk(1, 2)].concat();
         let straight = step_chunk(0, 2);
+        let mut were_passed = vec![false; shards];
         for (i, client) in clients.iter_mut().enumerate() {
-            let want: &[u8] = if i < SWEEP_BATCH { &passed } else { &straight };
-            let got = read_exactly(client, want.len()).await;
-            assert_eq!(got, want, "subscriber {i}");
+            let got = read_exactly(client, straight.len()).await;
+            let shard = i % shards;
+            let first_batch = i < SWEEP_BATCH * shards;
+            if got == straight {
+                assert!(
+                    !(first_batch && were_passed[shard]),
+                    "subscriber {i}: the rest of its shard's first batch was sent 1"
+                );
+                continue;
+            }
+            assert!(first_batch, "subscriber {i}: {got:?}");
+            if i < shards {
+                were_passed[shard] = true;
+            }
+            assert!(were_passed[shard], "subscriber {i}: its shard began on 2");
+            let rest = read_exactly(client, passed.len() - got.len()).await;
+            assert_eq!([got, rest].concat(), passed, "subscriber {i}");
+        }
+        let passed_shards = were_passed.iter().filter(|&&p| p).count();
+        assert!(passed_shards >= 1, "the shard that began was sent 1");
+        if shards == 1 {
+            assert!(were_passed[0]);
         }
         for (i, ticket) in tickets.iter().enumerate() {
             assert_eq!(ticket.handle.link.at.load(Acquire), 2, "subscriber {i}");
@@ -699,10 +811,11 @@ mod tests {
                 "subscriber {i} read more: {extra:?}"
             );
         }
+        // One new pass for all the shards.
         assert_eq!(metrics.sweep_head_changes_total.load(Relaxed), 1);
         assert_eq!(
             metrics.updates_sent_total.load(Relaxed),
-            (n + SWEEP_BATCH) as u64
+            (n + SWEEP_BATCH * passed_shards) as u64
         );
     }
 }

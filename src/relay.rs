@@ -1049,7 +1049,7 @@ impl direct::Source for SessionSource {
         Some(Box::new(RelayedPass {
             session,
             end,
-            framed: HashMap::new(),
+            framed: Mutex::default(),
         }))
     }
 }
@@ -1060,7 +1060,7 @@ struct RelayedPass {
     session: Arc<Session>,
     end: u64,
     /// `None`: the position fell out of the window (its task ends it).
-    framed: HashMap<u64, Option<(Bytes, u64)>>,
+    framed: Mutex<HashMap<u64, Option<(Bytes, u64)>>>,
 }
 
 impl direct::Pass for RelayedPass {
@@ -1068,9 +1068,10 @@ impl direct::Pass for RelayedPass {
         self.end
     }
 
-    fn step(&mut self, at: u64) -> direct::Step {
+    fn step(&self, at: u64) -> direct::Step {
         let (session, end) = (&self.session, self.end);
-        let framed = self.framed.entry(at).or_insert_with(|| {
+        let mut framed = lock(&self.framed);
+        let framed = framed.entry(at).or_insert_with(|| {
             let window = lock(&session.window);
             let from = usize::try_from(at.checked_sub(window.first)?).ok()?;
             let to = usize::try_from(end - window.first).ok()?;
