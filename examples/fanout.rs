@@ -14,6 +14,9 @@
 //!   with `Grip-Hold: stream` + `Grip-Channel: doc`; publishing is
 //!   `POST /publish/` on Pushpin's HTTP control port (`--publish`) with an
 //!   `http-stream` item.
+//! - `floor`: `examples/floor.rs`, already running (`--target`): the least
+//!   a server can do per delivery (one write per subscriber, nothing else),
+//!   driven as Nchan is.
 //!
 //! Every update's body is the same for the three: `#k=<k>;` and one letter
 //! repeated up to `--payload` bytes, then a newline. A subscriber is a raw
@@ -73,6 +76,9 @@ enum System {
     Braid,
     Nchan,
     Pushpin,
+    /// `examples/floor.rs`: one write per subscriber and nothing else; it
+    /// speaks what Nchan's locations speak.
+    Floor,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -107,7 +113,7 @@ struct Args {
 }
 
 const USAGE: &str = "\
-usage: fanout [--system braid|nchan|pushpin] [--scenario idle|fanout|stall]
+usage: fanout [--system braid|nchan|pushpin|floor] [--scenario idle|fanout|stall]
               [--subs N] [--rate R] [--updates U | --secs S] [--payload BYTES]
               [--proxy PATH] [--proxy-cpu CPUS] [--proxy-arg ARG]...
               [--target ADDR --server-pid PID] [--publish ADDR] [--origin ADDR]
@@ -153,8 +159,9 @@ fn args() -> Args {
                 a.system = match value.as_str() {
                     "braid" | "braid-proxy" => System::Braid,
                     "nchan" => System::Nchan,
+                    "floor" => System::Floor,
                     "pushpin" => System::Pushpin,
-                    other => panic!("--system braid|nchan|pushpin, not {other}"),
+                    other => panic!("--system braid|nchan|pushpin|floor, not {other}"),
                 }
             }
             "--scenario" => {
@@ -812,7 +819,9 @@ async fn request(addr: SocketAddr, head: &str, body: &[u8]) -> bool {
 async fn publish(a: &Args, server: SocketAddr, k: u64) -> bool {
     match a.system {
         System::Braid => request(server, "PUT /doc HTTP/1.1\r\n", b"x").await,
-        System::Nchan => request(server, "POST /pub HTTP/1.1\r\n", &payload(k, a.payload)).await,
+        System::Nchan | System::Floor => {
+            request(server, "POST /pub HTTP/1.1\r\n", &payload(k, a.payload)).await
+        }
         System::Pushpin => {
             let content = String::from_utf8(payload(k, a.payload)).expect("ascii");
             let item = serde_json::json!({
@@ -868,6 +877,7 @@ fn name(s: System) -> &'static str {
         System::Braid => "braid-proxy",
         System::Nchan => "nchan",
         System::Pushpin => "pushpin",
+        System::Floor => "floor",
     }
 }
 
@@ -896,7 +906,7 @@ async fn main() {
     };
     let pids = process_tree(root);
     let path = match a.system {
-        System::Nchan => "/sub",
+        System::Nchan | System::Floor => "/sub",
         _ => "/doc",
     };
     let shared = Arc::new(Shared {
@@ -1142,6 +1152,12 @@ async fn main() {
             );
             let mut slowest: Vec<(u64, u32, u32)> =
                 per_update.iter().map(|(&k, &(a, b))| (k, a, b)).collect();
+            slowest.sort_unstable_by_key(|&(k, _, _)| k);
+            report["per_update"] = slowest
+                .iter()
+                .map(|&(k, a, b)| serde_json::json!([k, a, b]))
+                .collect::<Vec<_>>()
+                .into();
             slowest.sort_unstable_by_key(|&(k, _, last)| (std::cmp::Reverse(last), k));
             slowest.truncate(3);
             let ms = |us: u32| f64::from(us) / 1000.0;
