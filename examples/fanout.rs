@@ -62,10 +62,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -109,6 +109,10 @@ struct Args {
     /// Take latencies to the kernel's receive stamp (`--stamps on`, the
     /// default) or only to this generator's read (`--stamps off`).
     stamps: bool,
+    /// Carry the subscribers as streams over this many prior-knowledge h2c
+    /// connections (`--h2c-conns`; 0, the default: one HTTP/1.1
+    /// connection each).
+    h2c_conns: usize,
     json: Option<String>,
 }
 
@@ -118,7 +122,7 @@ usage: fanout [--system braid|nchan|pushpin|floor] [--scenario idle|fanout|stall
               [--proxy PATH] [--proxy-cpu CPUS] [--proxy-arg ARG]...
               [--target ADDR --server-pid PID] [--publish ADDR] [--origin ADDR]
               [--sources 1..250] [--inflight N] [--settle SECONDS]
-              [--stamps on|off] [--json PATH]
+              [--stamps on|off] [--h2c-conns C] [--json PATH]
 See the comment at the top of examples/fanout.rs.";
 
 fn args() -> Args {
@@ -141,6 +145,7 @@ fn args() -> Args {
         inflight: 64,
         settle_secs: 1.0,
         stamps: true,
+        h2c_conns: 0,
         json: None,
     };
     let mut it = std::env::args().skip(1);
@@ -194,6 +199,7 @@ fn args() -> Args {
                     other => panic!("--stamps on|off, not {other}"),
                 }
             }
+            "--h2c-conns" => a.h2c_conns = value.parse().expect("--h2c-conns C"),
             "--json" => a.json = Some(value),
             other => {
                 eprintln!("fanout: unknown flag {other}\n{USAGE}");
@@ -224,6 +230,13 @@ fn args() -> Args {
             a.publish.is_some(),
             "--publish (Pushpin's HTTP control port)"
         );
+    }
+    if a.h2c_conns > 0 {
+        assert!(
+            matches!(a.system, System::Braid | System::Nchan),
+            "--h2c-conns: braid-proxy and Nchan (nginx's http2 listener) speak h2c"
+        );
+        assert!(a.h2c_conns <= a.subs.max(1), "--h2c-conns at most --subs");
     }
     a.updates = Some(updates);
     a
@@ -517,12 +530,7 @@ async fn subscriber(
     };
     let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
 
-    // braid-proxy's updates are told apart by their Version header; the
-    // others' by the marker at the start of the payload.
-    let (needle, end_byte): (&[u8], u8) = match shared.system {
-        System::Braid => (b"Version: \"g", b'"'),
-        _ => (b"#k=", b';'),
-    };
+    let (needle, end_byte) = marker(shared.system);
     let mut buf = vec![0u8; 64 * 1024];
     let mut carry: Vec<u8> = Vec::new();
     let mut head_done = false;
@@ -596,39 +604,189 @@ async fn subscriber(
                 shared.ready.fetch_add(1, Ordering::Relaxed);
                 pos = i + 4;
             }
-            let mut keep_from = None;
-            while let Some(i) = find(&carry[pos..], needle) {
-                let start = pos + i + needle.len();
-                let Some(end) = carry[start..].iter().position(|&b| b == end_byte) else {
-                    keep_from = Some(pos + i);
-                    break;
+            scan(
+                &shared,
+                &mut carry,
+                pos,
+                needle,
+                end_byte,
+                &mut seen,
+                &mut result,
+                stamp,
+                now,
+            );
+        }
+    }
+}
+
+/// Reads the update markers in `carry` from `pos` on, records each update
+/// not seen before (its latency to `stamp`, the kernel's arrival stamp, or
+/// to `now` without one, and to `now`), and drops what has been read but
+/// the tail that may hold the start of a marker split across reads.
+#[allow(clippy::too_many_arguments)]
+fn scan(
+    shared: &Shared,
+    carry: &mut Vec<u8>,
+    mut pos: usize,
+    needle: &[u8],
+    end_byte: u8,
+    seen: &mut Seen,
+    result: &mut SubResult,
+    stamp: Option<Duration>,
+    now: Instant,
+) {
+    let mut keep_from = None;
+    while let Some(i) = find(&carry[pos..], needle) {
+        let start = pos + i + needle.len();
+        let Some(end) = carry[start..].iter().position(|&b| b == end_byte) else {
+            keep_from = Some(pos + i);
+            break;
+        };
+        let k: u64 = std::str::from_utf8(&carry[start..start + end])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        pos = start + end;
+        let Some(schedule) = shared.schedule.get() else {
+            continue;
+        };
+        if let Some(at) = schedule.scheduled(k) {
+            if seen.insert(k) {
+                let arrived = stamp.map_or(now, |t| schedule.instant_of(t).min(now));
+                let micros = |t: Instant| {
+                    let us = t.saturating_duration_since(at).as_micros();
+                    us.min(u32::MAX as u128) as u32
                 };
-                let k: u64 = std::str::from_utf8(&carry[start..start + end])
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0);
-                pos = start + end;
-                let Some(schedule) = shared.schedule.get() else {
-                    continue;
-                };
-                if let Some(at) = schedule.scheduled(k) {
-                    if seen.insert(k) {
-                        let arrived = stamp.map_or(now, |t| schedule.instant_of(t).min(now));
-                        let micros = |t: Instant| {
-                            let us = t.saturating_duration_since(at).as_micros();
-                            us.min(u32::MAX as u128) as u32
-                        };
-                        result.got.push((k, micros(arrived), micros(now)));
-                        if k == shared.last_k.load(Ordering::Relaxed) {
-                            shared.got_last.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
+                result.got.push((k, micros(arrived), micros(now)));
+                if k == shared.last_k.load(Ordering::Relaxed) {
+                    shared.got_last.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            // Keep what may hold the start of a marker split across reads.
-            let keep_from =
-                keep_from.unwrap_or_else(|| carry.len().saturating_sub(needle.len() + 24).max(pos));
-            carry.drain(..keep_from.min(carry.len()));
+        }
+    }
+    let keep_from =
+        keep_from.unwrap_or_else(|| carry.len().saturating_sub(needle.len() + 24).max(pos));
+    carry.drain(..keep_from.min(carry.len()));
+}
+
+/// How an update is told apart in a system's stream: braid-proxy's by its
+/// Version header, the others' by the marker at the start of the payload.
+fn marker(system: System) -> (&'static [u8], u8) {
+    match system {
+        System::Braid => (b"Version: \"g", b'"'),
+        _ => (b"#k=", b';'),
+    }
+}
+
+/// One prior-knowledge h2c connection from `src` (its connection task
+/// spawned), for `--h2c-conns`: the subscribers share these as streams.
+async fn h2c_connect(src: SocketAddr, target: SocketAddr) -> Option<H2Send> {
+    let go = async {
+        let tcp = connect_from(src, target).await.ok()?;
+        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .max_concurrent_reset_streams(0)
+            .handshake(TokioIo::new(tcp))
+            .await
+            .ok()?;
+        tokio::spawn(conn);
+        Some(send)
+    };
+    tokio::time::timeout(Duration::from_secs(30), go)
+        .await
+        .ok()
+        .flatten()
+}
+
+type H2Send = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+/// One subscriber carried as a stream of a shared h2c connection: the same
+/// request and the same record as [`subscriber`]'s, but the arrival is this
+/// generator's read of the DATA frame (hyper decodes the frames, so there
+/// is no kernel stamp per stream).
+async fn h2c_subscriber(
+    shared: Arc<Shared>,
+    mut send: H2Send,
+    mut control: watch::Receiver<Control>,
+) -> SubResult {
+    let mut result = SubResult::default();
+    let Ok(permit) = shared.connect_slots.acquire().await else {
+        return result;
+    };
+    let mut request = Request::get(format!("http://bench{}", shared.path));
+    if shared.system == System::Braid {
+        request = request.header("subscribe", "true");
+    }
+    let request = request.body(Empty::new()).expect("request");
+    let answer = async {
+        send.ready().await.ok()?;
+        send.send_request(request).await.ok()
+    };
+    let response = match tokio::time::timeout(Duration::from_secs(30), answer).await {
+        Ok(Some(r)) if r.status().is_success() => r,
+        other => {
+            if let Ok(Some(r)) = other {
+                eprintln!("subscription refused: {}", r.status());
+            }
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            return result;
+        }
+    };
+    drop(permit);
+    result.ready = true;
+    shared.ready.fetch_add(1, Ordering::Relaxed);
+    let mut body = response.into_body();
+    let (needle, end_byte) = marker(shared.system);
+    let mut carry: Vec<u8> = Vec::new();
+    let mut seen = Seen::default();
+    let mut was_paused = false;
+    'control: loop {
+        let state = *control.borrow_and_update();
+        match state {
+            Control::Stop => return result,
+            Control::Pause => {
+                was_paused = true;
+                if control.changed().await.is_err() {
+                    return result;
+                }
+                continue;
+            }
+            Control::Read => {}
+        }
+        let changed = control.changed();
+        tokio::pin!(changed);
+        loop {
+            let frame = tokio::select! {
+                biased;
+                changed = &mut changed => match changed {
+                    Ok(()) => continue 'control,
+                    Err(_) => return result,
+                },
+                frame = body.frame() => frame,
+            };
+            let data = match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+                _ => return result,
+            };
+            let now = Instant::now();
+            result.unstamped += 1;
+            if was_paused {
+                result.bytes_after_resume += data.len() as u64;
+            }
+            carry.extend_from_slice(&data);
+            scan(
+                &shared,
+                &mut carry,
+                0,
+                needle,
+                end_byte,
+                &mut seen,
+                &mut result,
+                None,
+                now,
+            );
         }
     }
 }
@@ -820,7 +978,10 @@ async fn publish(a: &Args, server: SocketAddr, k: u64) -> bool {
     match a.system {
         System::Braid => request(server, "PUT /doc HTTP/1.1\r\n", b"x").await,
         System::Nchan | System::Floor => {
-            request(server, "POST /pub HTTP/1.1\r\n", &payload(k, a.payload)).await
+            // An h2c-only listener takes no HTTP/1.1 POST: `--publish`
+            // names the server's HTTP/1.1 one then.
+            let to = a.publish.unwrap_or(server);
+            request(to, "POST /pub HTTP/1.1\r\n", &payload(k, a.payload)).await
         }
         System::Pushpin => {
             let content = String::from_utf8(payload(k, a.payload)).expect("ascii");
@@ -922,18 +1083,34 @@ async fn main() {
         stamps: a.stamps,
     });
     let (control, controlled) = watch::channel(Control::Read);
+    let mut h2c = Vec::with_capacity(a.h2c_conns);
+    for j in 0..a.h2c_conns {
+        match h2c_connect(source(j, a.sources), target).await {
+            Some(send) => h2c.push(send),
+            None => panic!("h2c connection {j} to {target} failed"),
+        }
+    }
+    // Subscriber i: a socket of its own, or a stream of h2c connection
+    // i mod --h2c-conns.
+    let spawn = |i: usize| match h2c.get(i % h2c.len().max(1)) {
+        Some(send) => tokio::spawn(h2c_subscriber(
+            shared.clone(),
+            send.clone(),
+            controlled.clone(),
+        )),
+        None => tokio::spawn(subscriber(
+            shared.clone(),
+            source(i, a.sources),
+            controlled.clone(),
+        )),
+    };
 
     // A few subscriptions first, so that the resource (or channel) exists
     // before the baseline is taken.
     const WARM: usize = 10;
     let mut warm: Vec<tokio::task::JoinHandle<SubResult>> = Vec::new();
     for i in 0..WARM {
-        let src = source(i, a.sources);
-        warm.push(tokio::spawn(subscriber(
-            shared.clone(),
-            src,
-            controlled.clone(),
-        )));
+        warm.push(spawn(i));
     }
     wait_until(Instant::now() + Duration::from_secs(20), || {
         shared.ready.load(Ordering::Relaxed) + shared.refused.load(Ordering::Relaxed) >= WARM as u64
@@ -944,12 +1121,7 @@ async fn main() {
     let connect_start = Instant::now();
     let mut tasks = Vec::with_capacity(a.subs);
     for i in 0..a.subs {
-        let src = source(WARM + i, a.sources);
-        tasks.push(tokio::spawn(subscriber(
-            shared.clone(),
-            src,
-            controlled.clone(),
-        )));
+        tasks.push(spawn(WARM + i));
     }
     let all = (WARM + a.subs) as u64;
     wait_until(Instant::now() + Duration::from_secs(120), || {
@@ -966,10 +1138,14 @@ async fn main() {
     let per_sub_kib = (subscribed.rss as f64 - base.rss as f64) / connected.max(1) as f64;
     let per_sub_pss_kib = (subscribed.pss as f64 - base.pss as f64) / connected.max(1) as f64;
     println!(
-        "{}: {connected}/{} subscribed ({} refused) in {connect_secs:.1} s ({} processes): \
+        "{}: {connected}/{} subscribed{} ({} refused) in {connect_secs:.1} s ({} processes): \
          RSS {} -> {} KiB, {per_sub_kib:.2} KiB each (Pss {per_sub_pss_kib:.2} KiB each)",
         name(a.system),
         a.subs,
+        match a.h2c_conns {
+            0 => String::new(),
+            c => format!(" as streams over {c} h2c connections"),
+        },
         shared.refused.load(Ordering::Relaxed),
         subscribed.processes,
         base.rss,
@@ -989,6 +1165,7 @@ async fn main() {
         "rss_per_sub_kib": per_sub_kib,
         "pss_per_sub_kib": per_sub_pss_kib,
         "payload": a.payload,
+        "h2c_conns": a.h2c_conns,
     });
 
     if a.scenario != Scenario::Idle {

@@ -5,6 +5,7 @@
 //!
 //! - [`config`]: flags and TOML into one validated [`config::Config`].
 //! - [`server`]: listeners, connections, HTTP/1.1 + h2c, graceful shutdown.
+//! - [`coalesce`]: an h2c connection's frames of one update in one write.
 //! - [`fastpath`]: HTTP/1.1 subscriptions written to the socket without hyper.
 //! - [`direct`]: one pass per change writes it to every caught-up fast-path subscriber.
 //! - [`router`]: the request pipeline: filter, Braid side or pass-through, access log.
@@ -27,6 +28,7 @@ pub mod admin;
 pub mod body;
 pub mod braid;
 pub mod cache;
+pub mod coalesce;
 pub mod config;
 pub mod demo;
 pub mod diff;

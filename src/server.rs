@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::admin;
 use crate::body::BoxError;
+use crate::coalesce::Coalesce;
 use crate::config::Config;
 use crate::fastpath;
 use crate::proxy::ConnInfo;
@@ -304,12 +305,15 @@ fn serve_connection(
                 }
             }
         }
-        let io = TokioIo::new(stream);
         let result = if h2 {
+            // The frames of all the streams one update wakes go out in one
+            // write (src/coalesce.rs).
+            let io = TokioIo::new(Coalesce::new(stream));
             // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
             // and inline it would size every connection's task.
             Box::pin(serve_h2(io, router, conn_info, &builder, watcher, closing)).await
         } else {
+            let io = TokioIo::new(stream);
             drop(closing);
             let service = service(router, conn_info, None);
             // Boxed, so that a connection answered on the fast path does
@@ -326,7 +330,7 @@ fn serve_connection(
 /// a client that sends the preface and then no request is closed after the
 /// header-read timeout, or as soon as shutdown begins.
 async fn serve_h2(
-    io: TokioIo<TcpStream>,
+    io: TokioIo<Coalesce<TcpStream>>,
     router: Router,
     conn_info: ConnInfo,
     builder: &Builders,
