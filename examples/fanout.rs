@@ -39,6 +39,11 @@
 //!   bytes are published, then read again: how many stale updates each
 //!   reads before the current one.
 //!
+//! `--h2c-conns C` carries the subscribers as streams over C prior-knowledge
+//! h2c connections instead (braid-proxy, or Nchan behind nginx's `http2`
+//! listener, with `--publish` naming its HTTP/1.1 one for the POSTs): the
+//! arrival is then this generator's read of each DATA frame.
+//!
 //! The server's CPU is utime+stime and its RSS VmRSS, summed over the
 //! process `--server-pid` (or the braid-proxy this program starts) and all
 //! its descendants, from /proc. Loopback only; every wait is bounded.
