@@ -535,24 +535,14 @@ async fn subscriber(
     };
     let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
 
-    let (needle, end_byte) = marker(shared.system);
     let mut buf = vec![0u8; 64 * 1024];
     let mut carry: Vec<u8> = Vec::new();
     let mut head_done = false;
     let mut seen = Seen::default();
     let mut was_paused = false;
     'control: loop {
-        let state = *control.borrow_and_update();
-        match state {
-            Control::Stop => return result,
-            Control::Pause => {
-                was_paused = true;
-                if control.changed().await.is_err() {
-                    return result;
-                }
-                continue;
-            }
-            Control::Read => {}
+        if !until_reading(&mut control, &mut was_paused).await {
+            return result;
         }
         // One wait for a control change for the whole run of reads (not one
         // per read: each would register with, and leave, the watch's waiter
@@ -609,17 +599,25 @@ async fn subscriber(
                 shared.ready.fetch_add(1, Ordering::Relaxed);
                 pos = i + 4;
             }
-            scan(
-                &shared,
-                &mut carry,
-                pos,
-                needle,
-                end_byte,
-                &mut seen,
-                &mut result,
-                stamp,
-                now,
-            );
+            scan(&shared, &mut carry, pos, &mut seen, &mut result, stamp, now);
+        }
+    }
+}
+
+/// Waits while the run is paused (noting that it was); false once it is
+/// over.
+async fn until_reading(control: &mut watch::Receiver<Control>, was_paused: &mut bool) -> bool {
+    loop {
+        let state = *control.borrow_and_update();
+        match state {
+            Control::Stop => return false,
+            Control::Read => return true,
+            Control::Pause => {
+                *was_paused = true;
+                if control.changed().await.is_err() {
+                    return false;
+                }
+            }
         }
     }
 }
@@ -628,18 +626,16 @@ async fn subscriber(
 /// not seen before (its latency to `stamp`, the kernel's arrival stamp, or
 /// to `now` without one, and to `now`), and drops what has been read but
 /// the tail that may hold the start of a marker split across reads.
-#[allow(clippy::too_many_arguments)]
 fn scan(
     shared: &Shared,
     carry: &mut Vec<u8>,
     mut pos: usize,
-    needle: &[u8],
-    end_byte: u8,
     seen: &mut Seen,
     result: &mut SubResult,
     stamp: Option<Duration>,
     now: Instant,
 ) {
+    let (needle, end_byte) = marker(shared.system);
     let mut keep_from = None;
     while let Some(i) = find(&carry[pos..], needle) {
         let start = pos + i + needle.len();
@@ -689,7 +685,6 @@ async fn h2c_connect(src: SocketAddr, target: SocketAddr) -> Option<H2Send> {
     let go = async {
         let tcp = connect_from(src, target).await.ok()?;
         let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .max_concurrent_reset_streams(0)
             .handshake(TokioIo::new(tcp))
             .await
             .ok()?;
@@ -740,22 +735,12 @@ async fn h2c_subscriber(
     result.ready = true;
     shared.ready.fetch_add(1, Ordering::Relaxed);
     let mut body = response.into_body();
-    let (needle, end_byte) = marker(shared.system);
     let mut carry: Vec<u8> = Vec::new();
     let mut seen = Seen::default();
     let mut was_paused = false;
     'control: loop {
-        let state = *control.borrow_and_update();
-        match state {
-            Control::Stop => return result,
-            Control::Pause => {
-                was_paused = true;
-                if control.changed().await.is_err() {
-                    return result;
-                }
-                continue;
-            }
-            Control::Read => {}
+        if !until_reading(&mut control, &mut was_paused).await {
+            return result;
         }
         let changed = control.changed();
         tokio::pin!(changed);
@@ -781,17 +766,7 @@ async fn h2c_subscriber(
                 result.bytes_after_resume += data.len() as u64;
             }
             carry.extend_from_slice(&data);
-            scan(
-                &shared,
-                &mut carry,
-                0,
-                needle,
-                end_byte,
-                &mut seen,
-                &mut result,
-                None,
-                now,
-            );
+            scan(&shared, &mut carry, 0, &mut seen, &mut result, None, now);
         }
     }
 }
