@@ -142,6 +142,9 @@ pub struct Args {
     /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
     #[arg(long, value_name = "ID")]
     pub proxy_id: Option<String>,
+    /// Runtime worker threads: 0 = one per core; 1 = a single-threaded runtime, cheaper per delivery when the proxy has one core to itself [default: 0]
+    #[arg(long, value_name = "N")]
+    pub workers: Option<String>,
 }
 
 /// The configured upstream: scheme, authority and an optional path prefix.
@@ -236,6 +239,8 @@ pub struct Config {
     pub max_multiplexers: usize,
     pub max_multiplexed_requests: usize,
     pub multiplexer_idle: Duration,
+    /// Runtime worker threads; 0 is one per core, 1 the single-threaded runtime.
+    pub workers: usize,
 }
 
 /// Who serves braid-http's multiplexing (`--multiplex`).
@@ -299,6 +304,7 @@ impl Default for Config {
             multiplex: MultiplexMode::Terminate,
             max_multiplexers: mux.max_multiplexers,
             max_multiplexed_requests: mux.max_requests,
+            workers: 0,
             multiplexer_idle: mux.idle,
         }
     }
@@ -405,7 +411,7 @@ impl Config {
     }
 
     fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 35] = [
+        let pairs: [(&'static str, Option<String>); 36] = [
             ("listen", args.listen),
             ("upstream", args.upstream),
             ("admin-listen", args.admin_listen),
@@ -446,6 +452,7 @@ impl Config {
             ("max-multiplexers", args.max_multiplexers),
             ("max-multiplexed-requests", args.max_multiplexed_requests),
             ("multiplexer-idle", args.multiplexer_idle),
+            ("workers", args.workers),
             ("config", None),
         ];
         for (key, value) in pairs {
@@ -594,6 +601,7 @@ impl Config {
                     other => return Err(e(format!("`{other}` is not terminate or relay"))),
                 }
             }
+            "workers" => self.workers = in_range(parse_count(v).map_err(e)?, 0, 1024, key)?,
             "config" => return Err(e("`config` cannot be set from a config file".into())),
             _ => return Err(e("unknown key".into())),
         }
@@ -601,7 +609,6 @@ impl Config {
     }
 }
 
-/// Every key a config file may hold.
 /// Every key of the configuration file (the flag names without `--`).
 pub const KEYS: &[&str] = &[
     "listen",
@@ -639,6 +646,7 @@ pub const KEYS: &[&str] = &[
     "max-multiplexers",
     "max-multiplexed-requests",
     "multiplexer-idle",
+    "workers",
 ];
 
 fn bad(key: &'static str, reason: String) -> ConfigError {
@@ -824,11 +832,16 @@ mod tests {
         t.apply_toml(Path::new("t.toml"), "max-multiplexers = 9\n")
             .unwrap();
         assert_eq!(t.max_multiplexers, 9);
+        assert_eq!(t.workers, 0);
+        t.apply_toml(Path::new("t.toml"), "workers = 1\n").unwrap();
+        assert_eq!(t.workers, 1);
         for (key, value) in [
             ("max-multiplexers", "0"),
             ("max-multiplexed-requests", "0"),
             ("max-multiplexed-requests", "many"),
             ("multiplexer-idle", "10ms"),
+            ("workers", "-1"),
+            ("workers", "5000"),
         ] {
             assert!(t.set(key, value).is_err(), "{key} = {value}");
         }

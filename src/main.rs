@@ -26,10 +26,20 @@ fn main() -> ExitCode {
         // One JSON object per line: time, level, target, message and fields.
         LogFormat::Json => logs.json().flatten_event(true).init(),
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One worker is the single-threaded runtime: no work stealing and no
+    // cross-thread wake-ups, which BENCHMARKS.md measures as cheaper per
+    // delivery on a proxy pinned to one core.
+    let mut builder = match config.workers {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if n > 1 {
+                b.worker_threads(n);
+            }
+            b
+        }
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("braid-proxy: cannot start the runtime: {e}");
