@@ -4,6 +4,7 @@
     cargo build --release --bin braid-proxy --examples
     python3 bench/peers.py                  # full run, about 10 minutes
     python3 bench/peers.py --quick          # a few hundred subscribers, seconds per run
+    python3 bench/peers.py --systems braid --braid-arg=--workers=1   # braid-proxy with a flag
     python3 bench/peers.py --quick --systems braid --bin-dir target/debug   # CI smoke
 
 Installs nothing: Nchan needs the Debian packages nginx and
@@ -211,13 +212,15 @@ def stop(p):
             pass
 
 
-def run(system, scenario, params, bin_dir, out_dir, workdir):
+def run(system, scenario, params, bin_dir, out_dir, workdir, braid_args=()):
     name = f'{system}-{scenario}'
     gen = [os.path.join(bin_dir, 'examples/fanout'), '--system', system, '--scenario', scenario,
            '--json', os.path.join(out_dir, name + '.json')] + params
     server = None
     if system == 'braid':
         gen += ['--proxy', os.path.join(bin_dir, 'braid-proxy'), '--proxy-cpu', '0']
+        for arg in braid_args:
+            gen += ['--proxy-arg', arg]
     else:
         server, extra = (start_nchan if system == 'nchan' else start_pushpin)(workdir)
         gen += extra + ['--server-pid', str(server.pid)]
@@ -348,6 +351,8 @@ def main():
     ap.add_argument('--report-only', action='store_true',
                     help='run nothing: make the table, CSV and PNG from the JSON files already in --out')
     ap.add_argument('--subs', type=int, default=None, help='idle and fan-out subscribers (default 10000)')
+    ap.add_argument('--braid-arg', action='append', default=[], metavar='ARG',
+                    help='an argument for braid-proxy, repeatable; write --braid-arg=--workers=1')
     args = ap.parse_args()
     systems = [s.strip() for s in args.systems.split(',') if s.strip()]
     scenarios = [s.strip() for s in args.scenarios.split(',') if s.strip()]
@@ -392,7 +397,7 @@ def main():
                         with open(path) as f:
                             results[(system, scenario)] = json.load(f)
                     continue
-                r = run(system, scenario, params[scenario], bin_dir, out_dir, workdir)
+                r = run(system, scenario, params[scenario], bin_dir, out_dir, workdir, args.braid_arg)
                 if r is None:
                     ok = False
                     continue
@@ -414,6 +419,8 @@ def main():
     if any((s, 'fanout') in results for s in systems):
         plot_latency.plot(plot_latency.read_csv(csv_path), os.path.join(out_dir, 'latency.png'), title)
     text = table(results, systems, scenarios) + '\n' + goals(results)
+    if args.braid_arg:
+        text = f"braid-proxy ran with: {' '.join(args.braid_arg)}\n\n" + text
     with open(os.path.join(out_dir, 'table.md'), 'w') as f:
         f.write(text)
     print()
