@@ -1,7 +1,7 @@
 //! What an operator relies on, over real sockets on 127.0.0.1:0: `/readyz`
 //! follows the upstream, the admin token guards `/metrics` and `/refresh`,
 //! a non-loopback admin listener needs a token, and `--log-format json`
-//! writes one JSON object per line.
+//! writes one JSON object per line, and `--workers 1` serves on one thread.
 
 mod common;
 
@@ -219,10 +219,12 @@ fn the_sample_configuration_names_every_key_and_parses() {
         .expect("every key parses");
 }
 
-#[test]
-fn json_logs_are_one_object_per_line() {
+/// Starts the binary with its demo origin and `args`, stderr piped; returns
+/// it and the client address its banner names.
+fn spawn_binary(args: &[&str]) -> (std::process::Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
-        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -235,6 +237,12 @@ fn json_logs_are_one_object_per_line() {
         .strip_prefix("braid-proxy listening on http://")
         .expect("banner names the address")
         .to_string();
+    (child, addr)
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let (mut child, addr) = spawn_binary(&["--log-format", "json"]);
     // One request, so that an access line is logged.
     let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
     std::io::Write::write_all(
@@ -270,4 +278,59 @@ fn json_logs_are_one_object_per_line() {
         access["level"].is_string() && access["timestamp"].is_string(),
         "{access}"
     );
+}
+
+/// Reads from `stream` until `needle` has arrived (bounded by `WAIT`).
+fn read_until(stream: &mut std::net::TcpStream, needle: &str) -> String {
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let deadline = Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        let n = std::io::Read::read(stream, &mut buf).expect("read");
+        assert!(
+            n > 0,
+            "closed before {needle:?}: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&seen);
+        if text.contains(needle) {
+            return text.into_owned();
+        }
+    }
+    panic!("no {needle:?} in time: {}", String::from_utf8_lossy(&seen));
+}
+
+#[test]
+fn workers_1_serves_subscriptions_and_writes_on_one_thread() {
+    let (mut child, addr) = spawn_binary(&["--workers", "1"]);
+    let mut sub = std::net::TcpStream::connect(&addr).expect("connect");
+    std::io::Write::write_all(
+        &mut sub,
+        b"GET /notes.txt HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n",
+    )
+    .expect("subscribe");
+    let head = read_until(&mut sub, "\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+    let mut put = std::net::TcpStream::connect(&addr).expect("connect");
+    std::io::Write::write_all(
+        &mut put,
+        b"PUT /notes.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\nConnection: close\r\n\r\none thread wrote\n",
+    )
+    .expect("put");
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut put, &mut answer).expect("read");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 2"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    read_until(&mut sub, "one thread wrote");
+    let threads = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(threads, 1, "--workers 1 runs the proxy on its main thread");
 }
