@@ -2,7 +2,7 @@
 """Delivery cost against the peers (issue 20, item 4): braid-proxy, Nchan, Pushpin.
 
     cargo build --release --bin braid-proxy --examples
-    python3 bench/peers.py                  # full run, about 10 minutes
+    python3 bench/peers.py                  # full run, about 4 minutes
     python3 bench/peers.py --quick          # a few hundred subscribers, seconds per run
     python3 bench/peers.py --systems braid --braid-arg=--workers=1   # braid-proxy with a flag
     python3 bench/peers.py --quick --systems braid --bin-dir target/debug   # CI smoke

@@ -26,9 +26,10 @@ fn main() -> ExitCode {
         // One JSON object per line: time, level, target, message and fields.
         LogFormat::Json => logs.json().flatten_event(true).init(),
     }
-    // One worker is the single-threaded runtime: no work stealing and no
-    // cross-thread wake-ups, which BENCHMARKS.md measures as cheaper per
-    // delivery on a proxy pinned to one core.
+    // One worker is the single-threaded runtime. It runs woken tasks in
+    // order, so an h2c connection writes after all its streams have run:
+    // fewer, larger writes and later first bytes (BENCHMARKS.md, "Runtime
+    // flavour").
     let mut builder = match config.workers {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {

@@ -1,7 +1,7 @@
 //! What an operator relies on, over real sockets on 127.0.0.1:0: `/readyz`
 //! follows the upstream, the admin token guards `/metrics` and `/refresh`,
-//! a non-loopback admin listener needs a token, and `--log-format json`
-//! writes one JSON object per line, and `--workers 1` serves on one thread.
+//! a non-loopback admin listener needs a token, `--log-format json` writes
+//! one JSON object per line, and `--workers 1` serves on one thread.
 
 mod common;
 
@@ -319,6 +319,7 @@ fn workers_1_serves_subscriptions_and_writes_on_one_thread() {
         b"PUT /notes.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\nConnection: close\r\n\r\none thread wrote\n",
     )
     .expect("put");
+    put.set_read_timeout(Some(WAIT)).expect("timeout");
     let mut answer = Vec::new();
     std::io::Read::read_to_end(&mut put, &mut answer).expect("read");
     assert!(
