@@ -12,20 +12,35 @@
 //! starts: the whole stream for a request like the opener's, or the
 //! update whose `Version` is its `Parents`. Anything else opens its own.
 //!
+//! The session also *understands* what it relays, where it can: snapshots,
+//! and patches in the units [`braid`] applies whose `Parents` are the
+//! version it holds, build the current representation ([`Model`]). While
+//! it is known and the stream is linear (the 209 declares no `Merge-Type`),
+//! a subscriber more than one update behind gets one update to the newest
+//! version (the patches composed, or a snapshot) instead of the backlog,
+//! and plain GETs are answered from the model ([`Relays::answer_live`]).
+//! An update it cannot apply makes the model unknown until the next
+//! snapshot; meanwhile laggards get the updates as received.
+//!
+//! Keys say whose view it is: the 209's `Vary` is recorded for the URL and
+//! the session is re-keyed under it, so a request with other values of
+//! those headers never joins it; a `private`, `Set-Cookie` or `Vary: *`
+//! answer is never joined at all.
+//!
 //! The lifecycle is the upstream's: when the upstream stream ends, breaks,
 //! or its heartbeats stop, the session ends and so do its subscribers'
 //! streams (after what the window still had for them); clients resume with
 //! `Parents`. When the last subscriber leaves, the upstream subscription is
 //! closed at once. Any answer but 209 reaches the client as the upstream
-//! gave it, except that, while the upstream's kind is not known yet, a 200
+//! gave it, except that, for a resource not known to be Braid, a 200
 //! without any Braid header shows a plain origin, which the router then
 //! polls ([`crate::upstream`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
@@ -36,14 +51,14 @@ use tokio::sync::{watch, Notify};
 use tracing::debug;
 
 use crate::body::{Body, Chunk, RequestBody};
-use crate::braid::{self, Framer, Piece, VersionList};
-use crate::cache::Timing;
+use crate::braid::{self, Framer, Patch, Piece, VersionList};
+use crate::cache::{self, Timing, Vary};
 use crate::config::{Config, UpstreamKind};
 use crate::direct;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy::{self, UpstreamClient};
-use crate::resource::Key;
+use crate::resource::{Key, Registry};
 use crate::subscribe::BraidRequest;
 
 /// The relays of one proxy: its live sessions and what it knows of its upstream.
@@ -51,20 +66,13 @@ pub struct Relays {
     client: UpstreamClient,
     config: Config,
     metrics: Arc<Metrics>,
-    /// The kind learned in `auto` mode (see [`Learned`]).
-    learned: AtomicU8,
+    /// Where the `Vary` of each URL is kept, so keys follow the 209s.
+    registry: Arc<Registry>,
+    /// Live sessions by URL (path and query); each knows its full key.
     sessions: Mutex<HashMap<String, Vec<Arc<Session>>>>,
     /// Bytes held by all sessions' windows, bounded by `--history-bytes`.
     window_bytes: AtomicUsize,
     closing: watch::Receiver<bool>,
-}
-
-/// What `auto` learned: nothing yet, a Braid upstream, or a plain one.
-#[repr(u8)]
-enum Learned {
-    Nothing = 0,
-    Braid = 1,
-    Rest = 2,
 }
 
 /// How a subscription request was answered.
@@ -89,7 +97,15 @@ pub enum Relayed {
 
 /// One upstream subscription and everything it sent.
 pub struct Session {
-    key: String,
+    /// The URL (path and query).
+    path: String,
+    /// The relay key ([`relay_key`]); re-made once the 209 names a `Vary`.
+    key: Mutex<String>,
+    /// Its answer is one client's (`private`, `Set-Cookie`, `Vary: *`): nobody joins.
+    exclusive: AtomicBool,
+    /// The key of the representation it carries ([`view_key`]), for plain
+    /// GETs; `None` when its request asked for a peer's or a version's view.
+    view: Mutex<Option<String>>,
     /// The `Parents` the opening request carried.
     opened_with: Option<VersionList>,
     /// The 209's status line and headers, once it came.
@@ -103,7 +119,120 @@ pub struct Session {
     left: Notify,
     /// Its parked HTTP/1.1 subscribers, written to directly ([`direct`]).
     direct: Arc<direct::Parked>,
+    /// The representation the updates build, where understood.
+    model: Mutex<Model>,
+    /// Collapsed updates built for laggards: (end they were built for, by start).
+    collapsed: Mutex<(u64, HashMap<u64, Option<Bytes>>)>,
+    /// When a write through this proxy last succeeded: GETs go upstream
+    /// until the next update shows it (or [`WRITE_SETTLE`] passes).
+    written: Mutex<Option<Instant>>,
 }
+
+/// How long after a write through this proxy plain GETs skip the model
+/// when no update has come since (a write that changed nothing sends none).
+const WRITE_SETTLE: Duration = Duration::from_secs(2);
+
+/// What a session's updates say the resource is now, when it can tell.
+#[derive(Default)]
+struct Model {
+    /// The 209 declared no `Merge-Type`: one server-authoritative history,
+    /// so laggards may be sent one update to the newest version.
+    linear: bool,
+    known: Option<Known>,
+}
+
+/// A representation built from the upstream's updates.
+#[derive(Clone)]
+struct Known {
+    version: VersionList,
+    /// The status of the newest update (`None`: 200).
+    status: Option<u16>,
+    body: Bytes,
+    /// The representation headers its last snapshot carried (`Content-Type`, ...).
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+}
+
+/// How an update took the model from its parents to its version.
+enum Applied {
+    /// The whole body.
+    Snapshot,
+    /// These patches against the previous version.
+    Patches(Vec<Patch>),
+}
+
+impl Model {
+    /// Applies one update received; what it did, or `None` when the
+    /// update cannot be applied (the model is unknown from then on, until
+    /// a snapshot).
+    fn understand(&mut self, raw: &[u8], max_body: usize) -> Option<Applied> {
+        let applied = self.apply(raw, max_body);
+        if applied.is_none() {
+            self.known = None;
+        }
+        applied
+    }
+
+    fn apply(&mut self, raw: &[u8], max_body: usize) -> Option<Applied> {
+        if !self.linear {
+            return None;
+        }
+        let mut decoder = braid::Decoder::new(braid::DecodeLimits {
+            max_content_length: max_body,
+            ..braid::DecodeLimits::default()
+        });
+        decoder.push(raw);
+        let update = decoder.next_update().ok()??;
+        if update.version.is_empty() {
+            return None;
+        }
+        match update.body {
+            braid::Body::Snapshot(_)
+                if update
+                    .extra_headers
+                    .iter()
+                    .any(|(name, _)| name == header::CONTENT_ENCODING) =>
+            {
+                // A coded body: patches of it mean nothing here.
+                None
+            }
+            braid::Body::Snapshot(body) => {
+                let headers = update
+                    .extra_headers
+                    .into_iter()
+                    .filter(|(name, _)| SNAPSHOT_HEADERS.contains(&name.as_str()))
+                    .collect();
+                self.known = Some(Known {
+                    version: update.version,
+                    status: update.status,
+                    body,
+                    headers,
+                });
+                Some(Applied::Snapshot)
+            }
+            braid::Body::Patches(patches) => {
+                let known = self.known.as_mut()?;
+                let ok_status = known.status.unwrap_or(200) == 200;
+                if update.parents != known.version || !ok_status || update.status.is_some() {
+                    return None;
+                }
+                if patches.iter().any(|p| p.unit == braid::RangeUnit::Json) {
+                    return None;
+                }
+                let body = braid::apply_patches(&known.body, &patches).ok()?;
+                if body.len() > max_body {
+                    return None;
+                }
+                known.body = Bytes::from(body);
+                known.version = update.version;
+                Some(Applied::Patches(patches))
+            }
+        }
+    }
+}
+
+/// Headers of a snapshot update that describe the representation, kept
+/// with the model for GETs and collapsed snapshots.
+const SNAPSHOT_HEADERS: [&str; 2] = ["content-type", "content-language"];
 
 #[derive(Clone)]
 struct RelayedHead {
@@ -167,10 +296,12 @@ struct Entry {
     version: Option<VersionList>,
     /// A blank line (heartbeat): counted in bytes, not against `--history-len`.
     blank: bool,
+    /// How the model applied it (`None`: not understood, or not an update).
+    applied: Option<Arc<Applied>>,
 }
 
 /// How long a session whose opener found a plain origin stays findable,
-/// for requests already on their way (later ones see the learned kind).
+/// for requests already on their way (later ones find the polled resource).
 const PLAIN_LINGER: Duration = Duration::from_secs(2);
 
 /// How long an update waits for the blank lines its upstream usually
@@ -187,6 +318,10 @@ struct Tick {
     opened: Option<bool>,
     /// Sequence number after the newest entry.
     end: u64,
+    /// `end` before the latest announce: a subscriber behind it was
+    /// already behind when the newest entries came, so it lags (one that
+    /// is not gets what one upstream read brought, as received).
+    prev: u64,
     ended: bool,
     /// The opener's answer showed a plain origin: the resource is polled.
     plain: bool,
@@ -206,34 +341,17 @@ impl Relays {
         client: UpstreamClient,
         config: Config,
         metrics: Arc<Metrics>,
+        registry: Arc<Registry>,
         closing: watch::Receiver<bool>,
     ) -> Relays {
         Relays {
             client,
             config,
             metrics,
-            learned: AtomicU8::new(Learned::Nothing as u8),
+            registry,
             sessions: Mutex::default(),
             window_bytes: AtomicUsize::new(0),
             closing,
-        }
-    }
-
-    /// Whether subscriptions go to the relay (the upstream is not known to be plain).
-    pub fn relays(&self) -> bool {
-        match self.config.upstream_kind {
-            UpstreamKind::Braid => true,
-            UpstreamKind::Rest => false,
-            UpstreamKind::Auto => self.learned.load(Relaxed) != Learned::Rest as u8,
-        }
-    }
-
-    /// Whether the upstream is known to speak Braid.
-    pub fn is_braid(&self) -> bool {
-        match self.config.upstream_kind {
-            UpstreamKind::Braid => true,
-            UpstreamKind::Rest => false,
-            UpstreamKind::Auto => self.learned.load(Relaxed) == Learned::Braid as u8,
         }
     }
 
@@ -242,38 +360,37 @@ impl Relays {
         lock(&self.sessions).values().map(Vec::len).sum()
     }
 
-    /// Learns from any upstream answer (a plain GET's too) that the
-    /// upstream speaks Braid, when it carries a Braid header.
-    pub fn observe(&self, headers: &HeaderMap) {
-        if self.config.upstream_kind == UpstreamKind::Auto && braid_signs(headers) {
-            self.learn(Learned::Braid);
-        }
-    }
-
-    fn learn(&self, what: Learned) {
-        let _ = self
-            .learned
-            .compare_exchange(Learned::Nothing as u8, what as u8, Relaxed, Relaxed);
+    /// Whether a session of `path` is open: its upstream speaks Braid.
+    pub fn has_live(&self, path: &str) -> bool {
+        lock(&self.sessions)
+            .get(path)
+            .is_some_and(|list| list.iter().any(|s| s.tick.borrow().opened == Some(true)))
     }
 
     /// Answers a subscription request: joins an equivalent live session
     /// whose window holds where it starts, or sends it upstream.
+    /// `known_braid`: the resource is known to be a Braid server's, so a
+    /// plain answer is relayed, never polled.
     pub async fn subscribe(
         self: &Arc<Self>,
         req: Request<RequestBody>,
         braid: &BraidRequest,
-        key: &Key,
+        known_braid: bool,
     ) -> Result<Relayed, Refusal> {
-        let rkey = relay_key(key, req.headers());
+        let path = path_of(&req);
+        let host = proxy::request_host(&req).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + self.config.response_timeout;
         // Let the I/O that is already in (such as the close of a client
         // that left just before this request came) be processed first, so
         // that a session whose last subscriber has gone is not joined.
         tokio::task::yield_now().await;
         loop {
-            let (session, opener) = self.find_or_open(&rkey, braid);
+            // Made again each time: a session's 209 may have named a Vary.
+            let key = self.registry.key_for(&path, req.headers(), &host);
+            let rkey = relay_key(&key, req.headers());
+            let (session, opener) = self.find_or_open(&path, &rkey, braid);
             if opener {
-                return self.open(req, session).await;
+                return self.open(req, session, known_braid).await;
             }
             // Wait (bounded) for the session being opened to answer.
             let mut tick = session.tick.subscribe();
@@ -294,14 +411,16 @@ impl Relays {
                 return Ok(Relayed::Poll { template });
             }
             if opened {
-                if let Some(start) = self.join(&session, braid) {
+                let key = self.registry.key_for(&path, req.headers(), &host);
+                let rkey = relay_key(&key, req.headers());
+                if let Some(start) = self.join(&session, braid, &rkey) {
                     return Ok(Relayed::Answer(self.respond(session, start)?));
                 }
             }
             if tokio::time::Instant::now() >= deadline {
                 // The session being opened never answered: ask on our own.
-                let session = self.register(&rkey, braid);
-                return self.open(req, session).await;
+                let session = self.register(&path, &rkey, braid);
+                return self.open(req, session, known_braid).await;
             }
         }
     }
@@ -309,10 +428,13 @@ impl Relays {
     /// An equivalent session to join, or a new one this request opens (true).
     /// Looks and registers under one lock, so that two first requests
     /// arriving together open one session, not two.
-    fn find_or_open(&self, rkey: &str, braid: &BraidRequest) -> (Arc<Session>, bool) {
+    fn find_or_open(&self, path: &str, rkey: &str, braid: &BraidRequest) -> (Arc<Session>, bool) {
         let mut sessions = lock(&self.sessions);
-        if let Some(list) = sessions.get(rkey) {
+        if let Some(list) = sessions.get(path) {
             for s in list {
+                if s.exclusive.load(Relaxed) || *lock(&s.key) != rkey {
+                    continue;
+                }
                 let tick = s.tick.borrow();
                 if tick.plain {
                     // Its opener found a plain origin: served from the polled resource.
@@ -326,26 +448,29 @@ impl Relays {
                 }
             }
         }
-        let session = Self::new_session(rkey, braid);
+        let session = Self::new_session(path, rkey, braid);
         sessions
-            .entry(rkey.to_string())
+            .entry(path.to_string())
             .or_default()
             .push(session.clone());
         (session, true)
     }
 
-    fn register(&self, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
-        let session = Self::new_session(rkey, braid);
+    fn register(&self, path: &str, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
+        let session = Self::new_session(path, rkey, braid);
         lock(&self.sessions)
-            .entry(rkey.to_string())
+            .entry(path.to_string())
             .or_default()
             .push(session.clone());
         session
     }
 
-    fn new_session(rkey: &str, braid: &BraidRequest) -> Arc<Session> {
+    fn new_session(path: &str, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
         Arc::new(Session {
-            key: rkey.to_string(),
+            path: path.to_string(),
+            key: Mutex::new(rkey.to_string()),
+            exclusive: AtomicBool::new(false),
+            view: Mutex::new(None),
             opened_with: braid.parents.clone().filter(|p| !p.is_empty()),
             head: Mutex::new(None),
             request: Mutex::new(None),
@@ -354,28 +479,35 @@ impl Relays {
             subscribers: AtomicUsize::new(0),
             left: Notify::new(),
             direct: Arc::default(),
+            model: Mutex::default(),
+            collapsed: Mutex::default(),
+            written: Mutex::new(None),
         })
     }
 
     fn unregister(&self, session: &Arc<Session>) {
         let mut sessions = lock(&self.sessions);
-        if let Some(list) = sessions.get_mut(&session.key) {
+        if let Some(list) = sessions.get_mut(&session.path) {
             list.retain(|s| !Arc::ptr_eq(s, session));
             if list.is_empty() {
-                sessions.remove(&session.key);
+                sessions.remove(&session.path);
             }
         }
     }
 
     /// Adds a subscriber to a live session at the place its request starts
     /// from, if the window holds it.
-    fn join(&self, session: &Arc<Session>, braid: &BraidRequest) -> Option<u64> {
+    fn join(&self, session: &Arc<Session>, braid: &BraidRequest, rkey: &str) -> Option<u64> {
         let _sessions = lock(&self.sessions);
         let tick = session.tick.borrow();
-        if tick.ended || session.deserted(&tick) {
+        if tick.ended || session.deserted(&tick) || session.exclusive.load(Relaxed) {
             return None;
         }
         drop(tick);
+        // Its 209 may have re-keyed it under a Vary this request differs in.
+        if *lock(&session.key) != rkey {
+            return None;
+        }
         let start = session.start_for(braid)?;
         session.subscribers.fetch_add(1, Relaxed);
         Some(start)
@@ -386,8 +518,11 @@ impl Relays {
         self: &Arc<Self>,
         req: Request<RequestBody>,
         session: Arc<Session>,
+        known_braid: bool,
     ) -> Result<Relayed, Refusal> {
         let template = proxy::watcher_template(&req, &self.config);
+        let opener_headers = req.headers().clone();
+        let host = proxy::request_host(&req).unwrap_or_default();
         // Should this request be cancelled (its client gone) before the
         // upstream answers, the session must not stay pending.
         let _pending = Pending {
@@ -416,23 +551,18 @@ impl Relays {
         };
         let status = response.status();
         let braid_signs = braid_signs(response.headers());
-        if status.as_u16() == 209 {
-            self.learn(Learned::Braid);
-        } else {
-            if braid_signs {
-                self.learn(Learned::Braid);
-            }
+        if status.as_u16() != 209 {
             // Not known to be Braid: a plain answer (200, or 404/410 for
             // a resource that does not exist yet) from what must be a plain
-            // origin is the first state of a polled resource. Only a 200
-            // teaches the kind: a Braid server's 404 may carry no Braid header.
+            // origin is the first state of a polled resource (the router
+            // records the kind on it: a 200 teaches it, a 404 does not, as
+            // a Braid server's 404 may carry no Braid header).
             let plain = !braid_signs
                 && matches!(status.as_u16(), 200 | 404 | 410)
-                && !self.is_braid()
+                && !known_braid
                 && self.config.upstream_kind == UpstreamKind::Auto;
             if plain && status == StatusCode::OK {
                 debug!("upstream answered Subscribe with a plain 200: polling it");
-                self.learn(Learned::Rest);
             }
             // Waiting equivalent requests learn it with the failure: set first.
             session.tick.send_modify(|t| t.plain = plain);
@@ -463,6 +593,8 @@ impl Relays {
             });
         }
         let (mut parts, body) = response.into_parts();
+        self.learn_keys(&session, &parts.headers, &opener_headers, &host);
+        lock(&session.model).linear = !parts.headers.contains_key("merge-type");
         proxy::strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
         proxy::append_via(&mut parts.headers, parts.version, &self.config.proxy_id);
@@ -477,6 +609,61 @@ impl Relays {
         self.metrics.upstream_subscriptions.fetch_add(1, Relaxed);
         tokio::spawn(self.clone().read(session.clone(), body, silence));
         Ok(Relayed::Answer(self.respond(session, 0)?))
+    }
+
+    /// Keys the session by what its 209 says the answer depends on: the
+    /// URL's `Vary` is recorded (Braid's own `Version`, `Parents` and
+    /// `Subscribe` aside, which every subscription has in its key) and the
+    /// session re-keyed under it; an answer for one client only
+    /// (`private`, `Set-Cookie`, `Vary: *`) is never joined.
+    fn learn_keys(&self, session: &Session, answer: &HeaderMap, opener: &HeaderMap, host: &str) {
+        let vary = subscription_vary(answer);
+        let cc = cache::CacheControl::parse(answer);
+        if cc.private || answer.contains_key(header::SET_COOKIE) || vary == Vary::Any {
+            session.exclusive.store(true, Relaxed);
+        }
+        let _sessions = lock(&self.sessions);
+        self.registry.learn_braid(&session.path);
+        self.registry.record_vary(&session.path, &vary);
+        let key = self.registry.key_for(&session.path, opener, host);
+        *lock(&session.key) = relay_key(&key, opener);
+        let own_view = ["peer", "merge-type", "version"]
+            .iter()
+            .any(|name| opener.contains_key(*name));
+        *lock(&session.view) = (!own_view).then(|| view_key(&key, opener));
+    }
+
+    /// A plain GET (or HEAD) answered from the model of a live session
+    /// that carries the request's variant: the upstream's subscription
+    /// counts as validation (spec/caching.md). `None` when there is none,
+    /// its model is unknown, or a write through this proxy has not shown
+    /// up in it yet.
+    pub fn answer_live<B>(
+        &self,
+        req: &Request<B>,
+        key: &Key,
+        proxy_id: &str,
+    ) -> Option<Response<Body>> {
+        let view = view_key(key, req.headers());
+        let known = {
+            let sessions = lock(&self.sessions);
+            sessions
+                .get(&key.path)?
+                .iter()
+                .find_map(|s| s.live_view(&view))?
+        };
+        Metrics::inc(&self.metrics.cache_hits_total);
+        Some(serve_known(req, &known, proxy_id))
+    }
+
+    /// Records a write through this proxy to `path`: plain GETs go
+    /// upstream until its sessions' next update.
+    pub fn written(&self, path: &str) {
+        if let Some(list) = lock(&self.sessions).get(path) {
+            for s in list {
+                *lock(&s.written) = Some(Instant::now());
+            }
+        }
     }
 
     /// Reads the upstream body into the session's window until it is over;
@@ -496,7 +683,7 @@ impl Relays {
                 break over;
             }
             debug!(
-                session = session.key,
+                session = session.path,
                 why = over.describe(),
                 "holding downstream streams; resuming upstream"
             );
@@ -510,7 +697,7 @@ impl Relays {
             }
         };
         debug!(
-            session = session.key,
+            session = session.path,
             why = over.describe(),
             "upstream subscription over"
         );
@@ -695,6 +882,7 @@ impl Relays {
                     raw: Bytes::copy_from_slice(data),
                     version: None,
                     blank: false,
+                    applied: None,
                 },
                 &self.config,
                 &self.window_bytes,
@@ -723,24 +911,32 @@ impl Relays {
                             raw,
                             version: None,
                             blank: true,
+                            applied: None,
                         }
                     }
                     Ok(Some(Piece::Update(update))) => {
                         window.framed(true);
                         Metrics::inc(&self.metrics.upstream_updates_total);
+                        let applied = lock(&session.model)
+                            .understand(&update.raw, self.config.max_body_bytes)
+                            .map(Arc::new);
+                        *lock(&session.written) = None;
                         Entry {
                             raw: update.raw,
                             version: update.version,
                             blank: false,
+                            applied,
                         }
                     }
                     Err(e) => {
-                        debug!(session = session.key, error = %e, "passing the rest through unframed");
+                        debug!(session = session.path, error = %e, "passing the rest through unframed");
                         window.opaque = true;
+                        lock(&session.model).known = None;
                         Entry {
                             raw: framer.take_rest(),
                             version: None,
                             blank: false,
+                            applied: None,
                         }
                     }
                 };
@@ -759,10 +955,13 @@ impl Relays {
             let window = lock(&session.window);
             window.first + window.entries.len() as u64
         };
-        if session
-            .tick
-            .send_if_modified(|t| std::mem::replace(&mut t.end, end) != end)
-        {
+        if session.tick.send_if_modified(|t| {
+            if t.end == end {
+                return false;
+            }
+            t.prev = std::mem::replace(&mut t.end, end);
+            true
+        }) {
             session.direct.published();
         }
     }
@@ -802,6 +1001,7 @@ impl Relays {
         let handle = direct::Handle {
             source: Arc::new(SessionSource {
                 session: Arc::downgrade(&session),
+                metrics: self.metrics.clone(),
             }),
             parked: session.direct.clone(),
             link: link.clone(),
@@ -842,6 +1042,132 @@ impl Over {
 }
 
 impl Session {
+    /// Its model, when it is live, linear, known, settled after writes,
+    /// and carries the representation `view` names.
+    fn live_view(&self, view: &str) -> Option<Known> {
+        if self.exclusive.load(Relaxed) || lock(&self.view).as_deref() != Some(view) {
+            return None;
+        }
+        {
+            let tick = self.tick.borrow();
+            if tick.ended || tick.opened != Some(true) {
+                return None;
+            }
+        }
+        if lock(&self.written).is_some_and(|at| at.elapsed() < WRITE_SETTLE) {
+            return None;
+        }
+        let model = lock(&self.model);
+        model.known.clone().filter(|_| model.linear)
+    }
+
+    /// One update taking a subscriber at entry `from` to `end` (the newest
+    /// announced) when it is more than one update behind, or fell out of
+    /// the window, and the stream is linear: the understood patches
+    /// composed, or a snapshot of the model. Built once per (from, end)
+    /// and shared by every laggard there; `None`: send what was received.
+    fn collapsed(&self, from: u64, end: u64, metrics: &Metrics) -> Option<Bytes> {
+        {
+            let mut cache = lock(&self.collapsed);
+            if cache.0 != end {
+                *cache = (end, HashMap::new());
+            }
+            if let Some(hit) = cache.1.get(&from) {
+                return hit.clone();
+            }
+        }
+        let built = self.collapse(from, end);
+        if built.is_some() {
+            Metrics::inc(&metrics.collapsed_total);
+        }
+        let mut cache = lock(&self.collapsed);
+        if cache.0 == end {
+            cache.1.insert(from, built.clone());
+        }
+        built
+    }
+
+    fn collapse(&self, from: u64, end: u64) -> Option<Bytes> {
+        let window = lock(&self.window);
+        let model = lock(&self.model);
+        if !model.linear || window.opaque {
+            return None;
+        }
+        let fell_out = from < window.first;
+        let start = usize::try_from(from.saturating_sub(window.first)).ok()?;
+        let stop = usize::try_from(end.checked_sub(window.first)?)
+            .ok()?
+            .min(window.entries.len());
+        let behind: Vec<&Entry> = window
+            .entries
+            .range(start.min(stop)..stop)
+            .filter(|e| !e.blank)
+            .collect();
+        if behind.len() <= 1 && !fell_out {
+            return None;
+        }
+        // The newest update it is to be taken to.
+        let newest = window
+            .entries
+            .range(..stop)
+            .rev()
+            .find(|e| !e.blank)?
+            .version
+            .clone()?;
+        // The version the subscriber has: the update before `from`.
+        let have = if fell_out {
+            None
+        } else if from == 0 {
+            self.opened_with.clone()
+        } else {
+            window
+                .entries
+                .range(..start)
+                .rev()
+                .find(|e| !e.blank)
+                .and_then(|e| e.version.clone())
+        };
+        let mut composed: Option<Vec<Patch>> = None;
+        let mut patches_do = have.is_some();
+        for entry in &behind {
+            match entry.applied.as_deref() {
+                Some(Applied::Patches(p)) if patches_do => {
+                    composed = match composed {
+                        None => Some(p.clone()),
+                        Some(done) => braid::compose(&done, p).ok(),
+                    };
+                    patches_do = composed.is_some();
+                }
+                _ => patches_do = false,
+            }
+        }
+        let snapshot = model
+            .known
+            .as_ref()
+            .filter(|k| k.version == newest)
+            .map(|k| (braid::Body::Snapshot(k.body.clone()), k));
+        let composed = composed.filter(|patches| {
+            patches_do
+                && snapshot.as_ref().map_or(true, |(_, known)| {
+                    braid::patches_wire_len(patches) <= known.body.len() + 128
+                })
+        });
+        let (body, known) = match composed {
+            Some(patches) => (braid::Body::Patches(patches), None),
+            None => {
+                let (body, known) = snapshot?;
+                (body, Some(known))
+            }
+        };
+        Some(braid::encode(&braid::Update {
+            status: known.and_then(|k| k.status),
+            version: newest,
+            parents: have.unwrap_or_default(),
+            body,
+            extra_headers: known.map(|k| k.headers.clone()).unwrap_or_default(),
+        }))
+    }
+
     /// Open, and every subscriber has left: it is closing upstream, and a
     /// new request opens its own (the upstream sees it, as it would
     /// without the proxy).
@@ -951,9 +1277,9 @@ struct Subscriber {
 }
 
 impl Subscriber {
-    /// The URL of the session's resource (the first line of its key).
+    /// The URL of the session's resource.
     fn path(&self) -> &str {
-        self.session.key.split('\n').next().unwrap_or_default()
+        &self.session.path
     }
 }
 
@@ -997,6 +1323,18 @@ impl Cursor {
             }
             let tick = self.tick.borrow_and_update().clone();
             if self.next < tick.end {
+                let session = &self.guard.session;
+                let lags = self.next < tick.prev;
+                if let Some(bytes) = lags
+                    .then(|| session.collapsed(self.next, tick.end, &self.metrics))
+                    .flatten()
+                {
+                    self.next = tick.end;
+                    self.link.at.store(self.next, Release);
+                    Metrics::inc(&self.metrics.updates_sent_total);
+                    let chunk = Chunk::counted(bytes, &self.metrics);
+                    return Some((Ok(Frame::data(chunk)), self));
+                }
                 let bytes = {
                     let window = lock(&self.guard.session.window);
                     if self.next < window.first {
@@ -1028,6 +1366,7 @@ impl Cursor {
 /// and a subscriber is written the entries it lacks, as received.
 struct SessionSource {
     session: std::sync::Weak<Session>,
+    metrics: Arc<Metrics>,
 }
 
 impl direct::Source for SessionSource {
@@ -1039,16 +1378,18 @@ impl direct::Source for SessionSource {
 
     fn pass(&self) -> Option<Box<dyn direct::Pass>> {
         let session = self.session.upgrade()?;
-        let end = {
+        let (end, prev) = {
             let tick = session.tick.borrow();
             if tick.ended {
                 return None;
             }
-            tick.end
+            (tick.end, tick.prev)
         };
         Some(Box::new(RelayedPass {
             session,
             end,
+            prev,
+            metrics: self.metrics.clone(),
             framed: Mutex::default(),
         }))
     }
@@ -1059,6 +1400,9 @@ impl direct::Source for SessionSource {
 struct RelayedPass {
     session: Arc<Session>,
     end: u64,
+    /// The end before the latest announce: who is behind it lags.
+    prev: u64,
+    metrics: Arc<Metrics>,
     /// `None`: the position fell out of the window (its task ends it).
     framed: Mutex<HashMap<u64, Option<(Bytes, u64)>>>,
 }
@@ -1071,7 +1415,13 @@ impl direct::Pass for RelayedPass {
     fn step(&self, at: u64) -> direct::Step {
         let (session, end) = (&self.session, self.end);
         let mut framed = lock(&self.framed);
+        let metrics = &self.metrics;
         let framed = framed.entry(at).or_insert_with(|| {
+            if at < self.prev {
+                if let Some(bytes) = session.collapsed(at, end, metrics) {
+                    return Some((direct::chunk(&bytes), 1));
+                }
+            }
             let window = lock(&session.window);
             let from = usize::try_from(at.checked_sub(window.first)?).ok()?;
             let to = usize::try_from(end - window.first).ok()?;
@@ -1103,7 +1453,7 @@ fn silence_limit(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// Whether an answer carries a header only a Braid server sends.
-fn braid_signs(headers: &HeaderMap) -> bool {
+pub fn braid_signs(headers: &HeaderMap) -> bool {
     [
         "version",
         "current-version",
@@ -1120,25 +1470,120 @@ fn braid_signs(headers: &HeaderMap) -> bool {
 /// `Accept-Encoding` and the Braid request headers but `Parents` (where a
 /// request starts is decided by the window).
 pub fn relay_key(key: &Key, headers: &HeaderMap) -> String {
+    let mut out = view_key(key, headers);
+    add_values(
+        &mut out,
+        headers,
+        &["peer", "merge-type", "subscribe", "heartbeats", "version"],
+    );
+    out
+}
+
+/// The key of the representation a request gets: its variant and its
+/// content negotiation (`Accept`, `Accept-Encoding`); the relay key is
+/// this plus the Braid request headers.
+fn view_key(key: &Key, headers: &HeaderMap) -> String {
     let mut out = format!("{}\n{}", key.path, key.secondary);
-    for name in [
-        "accept",
-        "accept-encoding",
-        "peer",
-        "merge-type",
-        "subscribe",
-        "heartbeats",
-        "version",
-    ] {
+    add_values(&mut out, headers, &["accept", "accept-encoding"]);
+    out
+}
+
+/// Appends `name:value,value,` lines for each of `names`.
+fn add_values(out: &mut String, headers: &HeaderMap, names: &[&str]) {
+    for name in names {
         out.push('\n');
         out.push_str(name);
         out.push(':');
-        for v in headers.get_all(name) {
+        for v in headers.get_all(*name) {
             out.push_str(&String::from_utf8_lossy(v.as_bytes()));
             out.push(',');
         }
     }
-    out
+}
+
+/// A 209's `Vary` without Braid's own request headers (braid-http's
+/// server names `Version, Parents, Subscribe`), which every relay key has.
+fn subscription_vary(headers: &HeaderMap) -> Vary {
+    match cache::vary(headers) {
+        Vary::Names(names) => {
+            let names: Vec<_> = names
+                .into_iter()
+                .filter(|n| !matches!(n.as_str(), "version" | "parents" | "subscribe"))
+                .collect();
+            if names.is_empty() {
+                Vary::None
+            } else {
+                Vary::Names(names)
+            }
+        }
+        other => other,
+    }
+}
+
+/// The path and query of a request, its URL in the registry.
+fn path_of<B>(req: &Request<B>) -> String {
+    req.uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string()
+}
+
+/// A GET answered from a live model: its status and representation
+/// headers, `Version`, `Current-Version`, `Repr-Digest`, an `ETag` naming
+/// the version, and `Cache-Status`; 304 when `If-None-Match` names it.
+fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<Body> {
+    let status = known
+        .status
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK);
+    let mut response = Response::new(crate::body::empty());
+    let h = response.headers_mut();
+    for (name, value) in &known.headers {
+        h.insert(name.clone(), value.clone());
+    }
+    let version = http::HeaderValue::from_str(&known.version.to_header_value()).ok();
+    let etag = match known.version.iter().collect::<Vec<_>>().as_slice() {
+        [one] => http::HeaderValue::from_str(&format!("\"{}\"", one.as_str())).ok(),
+        _ => None,
+    };
+    if let Some(v) = version {
+        h.insert("version", v.clone());
+        h.insert("current-version", v);
+    }
+    if let Ok(v) = http::HeaderValue::from_str(&crate::resource::repr_digest(&known.body)) {
+        h.insert("repr-digest", v);
+    }
+    if let Ok(v) = http::HeaderValue::from_str(&format!(
+        "\"{proxy_id}\"; hit; detail=\"live upstream subscription\""
+    )) {
+        h.insert("cache-status", v);
+    }
+    let tag = etag.as_ref().and_then(|v| v.to_str().ok());
+    let matched = req
+        .headers()
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| cache::if_none_match(v, tag));
+    if let Some(etag) = etag {
+        h.insert(header::ETAG, etag);
+    }
+    if matched && status == StatusCode::OK {
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        for name in [header::CONTENT_TYPE, header::CONTENT_LANGUAGE] {
+            response.headers_mut().remove(name);
+        }
+        return response;
+    }
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_LENGTH,
+        http::HeaderValue::from(known.body.len()),
+    );
+    if req.method() != http::Method::HEAD {
+        *response.body_mut() = crate::body::full(known.body.clone());
+    }
+    response
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

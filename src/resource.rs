@@ -246,6 +246,14 @@ pub struct Resource {
     pub template: HeaderMap,
     /// Keyed by credentials, or detached: counted as private.
     pub private: bool,
+    /// Its slot under `--max-private-resources`, held while it is tracked
+    /// and given back once, when it is dropped (see [`PrivateSlot`]).
+    slot: Mutex<Option<PrivateSlot>>,
+    /// What its upstream is, as learned from its own answers ([`Kind`]).
+    kind: std::sync::atomic::AtomicU8,
+    /// Why it could not be tracked, for the requests waiting on its first
+    /// state (the private cap): they get this rather than a bare 502.
+    refused: Mutex<Option<String>>,
     head: watch::Sender<Arc<Head>>,
     /// The origin's last answer to a GET, for plain GETs (RFC 9111).
     stored: Mutex<Option<Arc<Stored>>>,
@@ -312,6 +320,9 @@ impl Resource {
             secondary: key.secondary,
             template,
             private,
+            slot: Mutex::new(None),
+            kind: (Kind::Unknown as u8).into(),
+            refused: Mutex::new(None),
             head: watch::channel(Arc::new(Head::unknown())).0,
             stored: Mutex::new(None),
             fetching: Arc::default(),
@@ -388,6 +399,42 @@ impl Resource {
     /// then may show the document from before the write.
     pub fn written_since(&self, sent: std::time::SystemTime) -> bool {
         lock(&self.written_at).is_some_and(|at| at > sent)
+    }
+
+    /// What its upstream is, as far as its own answers tell.
+    pub fn kind(&self) -> Kind {
+        match self.kind.load(Relaxed) {
+            1 => Kind::Plain,
+            2 => Kind::Braid,
+            _ => Kind::Unknown,
+        }
+    }
+
+    /// Records what its upstream is; a Braid answer is never unlearned by
+    /// a later plain one (a Braid server's 404 may carry no Braid header).
+    pub fn learn_kind(&self, kind: Kind) {
+        match kind {
+            Kind::Unknown => {}
+            Kind::Braid => self.kind.store(Kind::Braid as u8, Relaxed),
+            Kind::Plain => {
+                let _ = self.kind.compare_exchange(
+                    Kind::Unknown as u8,
+                    Kind::Plain as u8,
+                    Relaxed,
+                    Relaxed,
+                );
+            }
+        }
+    }
+
+    /// Why this resource could not be tracked, if it could not.
+    pub fn refusal(&self) -> Option<Refusal> {
+        lock(&self.refused)
+            .clone()
+            .map(|reason| Refusal::Unavailable {
+                reason,
+                retry_after: Duration::from_secs(5),
+            })
     }
 
     /// Whether the resource was taken out of the registry.
@@ -793,6 +840,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What a resource's upstream is, learned per resource from its own answers
+/// (`--upstream-kind` forces one for all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// No answer has told yet.
+    Unknown = 0,
+    /// A plain origin: polled, written through, patches applied here.
+    Plain = 1,
+    /// A Braid server: its subscriptions are relayed (and understood).
+    Braid = 2,
+}
+
+/// One resource's place under `--max-private-resources`: taken by
+/// [`Registry::reserve_private`], given back when dropped, so it is given
+/// back exactly once whatever path drops the resource.
+struct PrivateSlot {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for PrivateSlot {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Relaxed);
+    }
+}
+
 /// Bytes a resource costs beyond its key and bodies, for the state cap.
 const RESOURCE_OVERHEAD: usize = 1024;
 
@@ -810,6 +883,9 @@ pub struct Key {
 #[derive(Default)]
 struct Variants {
     vary: Vary,
+    /// A Braid server answered for this URL (a 209, or Braid headers):
+    /// its answers are relayed, never polled, even a 404 without them.
+    braid: bool,
     by_key: HashMap<String, Arc<Resource>>,
 }
 
@@ -826,7 +902,7 @@ pub struct RegistryLimits {
 pub struct Registry {
     urls: Mutex<HashMap<String, Variants>>,
     next_id: std::sync::atomic::AtomicU64,
-    private: std::sync::atomic::AtomicUsize,
+    private: Arc<std::sync::atomic::AtomicUsize>,
     total: Arc<std::sync::atomic::AtomicUsize>,
     limits: RegistryLimits,
     metrics: Arc<Metrics>,
@@ -837,7 +913,7 @@ impl Registry {
         Registry {
             urls: Mutex::default(),
             next_id: 1.into(),
-            private: 0.into(),
+            private: Arc::default(),
             total: Arc::default(),
             limits,
             metrics,
@@ -867,6 +943,16 @@ impl Registry {
         }
     }
 
+    /// Records that a Braid server answered for `path`.
+    pub fn learn_braid(&self, path: &str) {
+        lock(&self.urls).entry(path.to_string()).or_default().braid = true;
+    }
+
+    /// Whether a Braid server answered for `path` (while the URL is tracked).
+    pub fn is_braid(&self, path: &str) -> bool {
+        lock(&self.urls).get(path).is_some_and(|v| v.braid)
+    }
+
     /// Records the `Vary` the origin last answered `path` with.
     pub fn record_vary(&self, path: &str, vary: &Vary) {
         let mut urls = lock(&self.urls);
@@ -893,9 +979,13 @@ impl Registry {
             return Ok((r.clone(), false, t));
         }
         let private = key.secondary.contains("\ncredentials:");
-        if private && !self.reserve_private() {
-            return Err(private_cap(self.limits.max_private));
-        }
+        let slot = match private {
+            true => Some(
+                self.reserve_private()
+                    .ok_or_else(|| private_cap(self.limits.max_private))?,
+            ),
+            false => None,
+        };
         let id = self.next_id.fetch_add(1, Relaxed);
         let r = Arc::new(Resource::new(
             id,
@@ -904,6 +994,7 @@ impl Registry {
             private,
             self.total.clone(),
         ));
+        *lock(&r.slot) = slot;
         variants.by_key.insert(key.secondary.clone(), r.clone());
         self.metrics.resources.fetch_add(1, Relaxed);
         let t = with(&r);
@@ -912,13 +1003,14 @@ impl Registry {
         Ok((r, true, t))
     }
 
-    fn reserve_private(&self) -> bool {
-        let before = self.private.fetch_add(1, Relaxed);
-        if before >= self.limits.max_private {
-            self.private.fetch_sub(1, Relaxed);
-            return false;
-        }
-        true
+    fn reserve_private(&self) -> Option<PrivateSlot> {
+        let max = self.limits.max_private;
+        self.private
+            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+            .ok()?;
+        Some(PrivateSlot {
+            count: self.private.clone(),
+        })
     }
 
     /// The resource for `key`, if tracked.
@@ -952,14 +1044,28 @@ impl Registry {
 
     /// Takes `resource` out of the registry: no new request finds it; its
     /// current subscribers keep it. Counted as private from then on.
+    /// Over the private cap it is dropped instead, and the requests
+    /// waiting on it get the cap's 503 ([`Resource::refusal`]).
     pub fn detach(&self, resource: &Arc<Resource>) -> Result<(), Refusal> {
-        if resource.detached.swap(true, Relaxed) {
+        if resource.is_detached() {
             return Ok(());
         }
-        self.unlink(resource);
-        if !resource.private && !self.reserve_private() {
-            return Err(private_cap(self.limits.max_private));
+        let mut slot = lock(&resource.slot);
+        if slot.is_none() {
+            match self.reserve_private() {
+                Some(taken) => *slot = Some(taken),
+                None => {
+                    drop(slot);
+                    let refusal = private_cap(self.limits.max_private);
+                    *lock(&resource.refused) = Some(refusal.to_string());
+                    self.drop_resource(resource);
+                    return Err(refusal);
+                }
+            }
         }
+        drop(slot);
+        resource.detached.store(true, Relaxed);
+        self.unlink(resource);
         Ok(())
     }
 
@@ -974,7 +1080,7 @@ impl Registry {
                 variants.by_key.remove(&resource.secondary);
                 self.metrics.resources.fetch_sub(1, Relaxed);
             }
-            if variants.by_key.is_empty() {
+            if variants.by_key.is_empty() && !variants.braid && variants.vary == Vary::None {
                 urls.remove(&resource.key);
             }
         }
@@ -989,8 +1095,8 @@ impl Registry {
 
     /// Called by a watcher about to end because `resource` has had no
     /// subscribers for `idle`. Returns false (keep watching) when a
-    /// subscriber came in meanwhile. A resource with a stored answer stays
-    /// in the registry for plain GETs; others are dropped.
+    /// subscriber came in meanwhile. A shared resource with a stored answer
+    /// stays in the registry for plain GETs; others are dropped.
     pub fn watcher_done(&self, resource: &Arc<Resource>, idle: Duration) -> bool {
         {
             let _urls = lock(&self.urls);
@@ -999,18 +1105,20 @@ impl Registry {
             }
             resource.watching.store(false, Relaxed);
         }
-        if resource.is_detached() || resource.stored().is_none() {
+        // A private resource gives its slot back when idle: a stored
+        // answer only its own client could reuse does not hold one.
+        if resource.is_detached() || resource.private || resource.stored().is_none() {
             self.drop_resource(resource);
         }
         true
     }
 
     /// Removes a resource for good, releasing its bytes and private slot.
+    /// Idempotent: the slot and the weight are taken, so a second call
+    /// (eviction racing the watcher's end) gives nothing back twice.
     fn drop_resource(&self, resource: &Arc<Resource>) {
         self.unlink(resource);
-        if resource.private || resource.is_detached() {
-            self.private.fetch_sub(1, Relaxed);
-        }
+        drop(lock(&resource.slot).take());
         let weight = resource.weight.swap(0, Relaxed);
         self.total.fetch_sub(weight, Relaxed);
     }

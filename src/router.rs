@@ -11,13 +11,13 @@ use tracing::info;
 
 use crate::body::{self, Body, BoxError, RequestBody};
 use crate::cache::{self, Reuse, Timing};
-use crate::config::{Config, MultiplexMode};
+use crate::config::{Config, MultiplexMode, UpstreamKind};
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::multiplex::{self, Multiplexers};
 use crate::proxy::{self, ConnInfo, UpstreamClient};
 use crate::relay::{Relayed, Relays};
-use crate::resource::{History, Key, Registry, RegistryLimits, Resource, State, Tuning};
+use crate::resource::{History, Key, Kind, Registry, RegistryLimits, Resource, State, Tuning};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
 use crate::writes::{self, Writes};
@@ -82,6 +82,7 @@ impl Router {
             client.clone(),
             config.clone(),
             metrics.clone(),
+            registry.clone(),
             closing_rx.clone(),
         ));
         let subscriptions = Subscriptions {
@@ -360,16 +361,23 @@ impl Router {
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
-        if inner.relays.is_braid() {
-            return self.unsafe_method(req).await;
-        }
         let (key, _) = self.request_key(&req);
         let path = key.path.clone();
+        if self.kind_of(&key) == Kind::Braid {
+            return self.unsafe_method(req).await;
+        }
         let (resource, _, ()) = inner.registry.get_or_create(
             &key,
             || proxy::watcher_template(&req, &inner.config),
             |_| (),
         )?;
+        if inner.config.upstream_kind == UpstreamKind::Auto && resource.kind() == Kind::Unknown {
+            // Learn what this resource's upstream is (one GET) before
+            // applying patches a Braid server would apply itself.
+            if self.learn_kind(&resource).await == Kind::Braid {
+                return self.unsafe_method(req).await;
+            }
+        }
         let response = inner
             .writes
             .apply(req, &braid, resource.clone(), &inner.config)
@@ -390,6 +398,41 @@ impl Router {
         proxy::pass_through(req, &self.inner.client, &self.inner.config).await
     }
 
+    /// What the upstream of the resource `key` names is: forced by
+    /// `--upstream-kind`, else as its own answers told (a live relayed
+    /// subscription of the URL says Braid).
+    fn kind_of(&self, key: &Key) -> Kind {
+        let inner = &self.inner;
+        match inner.config.upstream_kind {
+            UpstreamKind::Braid => Kind::Braid,
+            UpstreamKind::Rest => Kind::Plain,
+            UpstreamKind::Auto
+                if inner.registry.is_braid(&key.path) || inner.relays.has_live(&key.path) =>
+            {
+                Kind::Braid
+            }
+            UpstreamKind::Auto => inner.registry.get(key).map_or(Kind::Unknown, |r| r.kind()),
+        }
+    }
+
+    /// Asks the upstream for `resource` once (a GET with its template
+    /// headers) to learn whether it speaks Braid; the body is not read.
+    async fn learn_kind(&self, resource: &Resource) -> Kind {
+        let inner = &self.inner;
+        let Ok(req) = inner.watchers.plain_get(resource, None) else {
+            return Kind::Unknown;
+        };
+        match inner.client.send_watch(req).await {
+            Ok(response) if crate::relay::braid_signs(response.headers()) => {
+                resource.learn_kind(Kind::Braid);
+                inner.registry.learn_braid(resource.key());
+            }
+            Ok(response) if response.status() == StatusCode::OK => resource.learn_kind(Kind::Plain),
+            _ => {}
+        }
+        resource.kind()
+    }
+
     /// An unsafe (or unknown) method: forwarded; a non-error answer
     /// invalidates the URL, and the same-origin `Location` and
     /// `Content-Location` it names (RFC 9111 §4.4), and revalidates their
@@ -400,6 +443,7 @@ impl Router {
         let response = self.pass_through(req).await?;
         let status = response.status();
         if status.is_success() || status.is_redirection() {
+            self.inner.relays.written(&path);
             self.refresh(&path);
             for name in [header::LOCATION, header::CONTENT_LOCATION] {
                 if let Some(target) = response
@@ -420,58 +464,81 @@ impl Router {
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
-        let (key, _) = self.request_key(&req);
+        let headers = req.headers().clone();
+        let (key, host) = self.request_key(&req);
+        let path = key.path.clone();
         // A Braid upstream (or one not known yet) gets the client's own
         // request; a plain origin's first answer seeds the polled resource.
-        // `joined`: an equivalent request's answer just showed a plain
+        // `Poll`: an equivalent request's answer just showed a plain
         // origin; that request seeds the resource, this one waits for it.
-        let (template, seed, joined) = if inner.relays.relays() {
-            match inner.relays.subscribe(req, &braid, &key).await? {
+        let kind = self.kind_of(&key);
+        let (template, mut seed) = if kind != Kind::Plain {
+            match inner
+                .relays
+                .subscribe(req, &braid, kind == Kind::Braid)
+                .await?
+            {
                 Relayed::Answer(response) => return Ok(response),
                 Relayed::Plain {
                     template,
                     response,
                     timing,
-                } => (template, Some((response, timing)), false),
-                Relayed::Poll { template } => (template, None, true),
+                } => (template, Some((response, timing))),
+                Relayed::Poll { template } => (template, None),
             }
         } else {
-            (proxy::watcher_template(&req, &inner.config), None, false)
+            (proxy::watcher_template(&req, &inner.config), None)
         };
-        let (resource, _, rx) =
-            inner
-                .registry
-                .get_or_create(&key, || template, |r| r.subscribe())?;
         let limit = inner.config.response_timeout + inner.config.connect_timeout;
-        let mut seeded = seed.is_some();
-        // The seeding request holds the watcher while it seeds, so that
-        // nobody polls before that first answer is in.
-        let mut claimed = seeded && inner.registry.claim_watcher(&resource);
-        if let Some((response, timing)) = seed {
-            inner.watchers.seed(&resource, response, timing).await;
-        } else if joined && resource.head().seq == 0 {
+        // Twice at most: the first answer may name a `Vary` under which
+        // this request is another variant than the resource it waited on.
+        let mut attempts = 0;
+        let (resource, rx) = loop {
+            attempts += 1;
+            let key = inner.registry.key_for(&path, &headers, &host);
+            let (resource, _, rx) =
+                inner
+                    .registry
+                    .get_or_create(&key, || template.clone(), |r| r.subscribe())?;
+            let seeded = seed.is_some();
+            // The seeding request holds the watcher while it seeds, so that
+            // nobody polls before that first answer is in.
+            let mut claimed = seeded && inner.registry.claim_watcher(&resource);
+            if let Some((response, timing)) = seed.take() {
+                if response.status() == StatusCode::OK {
+                    resource.learn_kind(Kind::Plain);
+                }
+                inner.watchers.seed(&resource, response, timing).await;
+            }
             let generation = resource.validation().generation;
-            upstream::await_validation(&resource, generation, limit).await;
-            seeded = resource.head().seq > 0;
-        }
-        let generation = resource.validation().generation;
-        if !seeded {
-            claimed = inner.registry.claim_watcher(&resource);
-        }
-        if claimed {
-            tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
-        } else if resource.subscribers() == 1 {
-            // The first subscriber of a watched resource: poll now rather
-            // than at the next interval.
-            resource.wake.notify_one();
-        }
+            if !seeded {
+                claimed = inner.registry.claim_watcher(&resource);
+            }
+            if claimed {
+                tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
+            } else if resource.subscribers() == 1 {
+                // The first subscriber of a watched resource: poll now rather
+                // than at the next interval.
+                resource.wake.notify_one();
+            }
+            // A seed that gave no state (a coded body, say) is followed by
+            // the watcher's own poll at once; a refused one is final.
+            if resource.head().seq == 0 && resource.refusal().is_none() {
+                if seeded {
+                    resource.wake.notify_one();
+                }
+                upstream::await_validation(&resource, generation, limit).await;
+            }
+            // Another request's answer seeded it: is it this request's variant?
+            let rekeyed = inner.registry.key_for(&path, &headers, &host) != key;
+            if seeded || claimed || !rekeyed || attempts == 2 {
+                break (resource, rx);
+            }
+        };
         if resource.head().seq == 0 {
-            upstream::await_validation(&resource, generation, limit).await;
-        }
-        if resource.head().seq == 0 {
-            return Err(Refusal::UpstreamBroken(
+            return Err(resource.refusal().unwrap_or_else(|| Refusal::UpstreamBroken(
                 "no state for this resource yet: the origin could not be reached or gave an unusable answer".into(),
-            ));
+            )));
         }
         inner.subscriptions.respond(resource, rx, &braid)
     }
@@ -497,20 +564,33 @@ impl Router {
             ]
             .iter()
             .any(|name| h.contains_key(name));
-        // A Braid upstream's answers are relayed as they are: no Version
-        // of the proxy's own on them (issue 19).
-        if bypass || inner.relays.is_braid() {
+        if bypass {
             // Ranges and preconditions other than If-None-Match and
             // If-Modified-Since are the origin's to evaluate.
             let response = self.pass_through(req).await?;
-            let detail = if bypass {
-                "fwd=bypass"
-            } else {
-                "fwd=bypass; detail=\"braid upstream\""
-            };
-            return Ok(with_cache_status(response, &inner.config.proxy_id, detail));
+            return Ok(with_cache_status(
+                response,
+                &inner.config.proxy_id,
+                "fwd=bypass",
+            ));
         }
-        let (key, host) = self.request_key(&req);
+        let (mut key, host) = self.request_key(&req);
+        if braid.version.is_none() && braid.parents.is_none() {
+            // A live upstream subscription of this variant validates its model.
+            if let Some(response) = inner.relays.answer_live(&req, &key, &inner.config.proxy_id) {
+                return Ok(response);
+            }
+        }
+        let kind = self.kind_of(&key);
+        if kind != Kind::Plain {
+            // A Braid server's answer depends on the version asked for
+            // (`Vary: Version, Parents`, whether it says so or not).
+            for (name, value) in [("version", &braid.version), ("parents", &braid.parents)] {
+                if let Some(v) = value {
+                    let _ = write!(key.secondary, "\n{name}:{}", v.to_header_value());
+                }
+            }
+        }
         let resource = inner.registry.get(&key);
         if let Some(resource) = &resource {
             if let Some(response) =
@@ -519,7 +599,7 @@ impl Router {
                 return Ok(response);
             }
         }
-        if braid.version.is_some() {
+        if braid.version.is_some() && kind == Kind::Plain {
             // A version the proxy does not hold: the origin's to answer.
             let response = self.pass_through(req).await?;
             return Ok(with_cache_status(
@@ -658,10 +738,11 @@ async fn fetch(
     }
     let sent = std::time::SystemTime::now();
     let response = inner.client.send(out).await?;
-    inner.relays.observe(response.headers());
-    if inner.relays.is_braid() {
-        return Ok(proxy::downstream_response(response, config));
-    }
+    // A Braid server names its versions: the proxy adds none of its own
+    // (issue 19), and the resource is known to be a Braid server's.
+    let braid_answer = crate::relay::braid_signs(response.headers())
+        || config.upstream_kind == UpstreamKind::Braid
+        || inner.registry.is_braid(&key.path);
     let timing = Timing {
         request_time: sent,
         response_time: std::time::SystemTime::now(),
@@ -751,13 +832,22 @@ async fn fetch(
             let head = target.head();
             let same_etag = matches!(&head.state, State::Present { etag: Some(e), .. }
                 if headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == e.as_bytes()));
+            if braid_answer {
+                target.learn_kind(Kind::Braid);
+                inner.registry.learn_braid(&key.path);
+            }
             let announced = if same_etag {
                 Some(head.version.clone())
             } else {
                 crate::resource::announced_version(&headers)
             }
-            .filter(|_| status == StatusCode::OK && !encoded);
-            if status == StatusCode::OK && !encoded && announced.is_none() && declared.is_some() {
+            .filter(|_| status == StatusCode::OK && !encoded && !braid_answer);
+            if status == StatusCode::OK
+                && !encoded
+                && !braid_answer
+                && announced.is_none()
+                && declared.is_some()
+            {
                 // The version is a hash of the body: read it (it is
                 // within max-body-bytes) so this answer can name it.
                 Metrics::inc(&inner.metrics.cache_misses_total);

@@ -272,3 +272,63 @@ async fn silent_and_half_sent_connections_are_closed_after_the_header_read_timeo
         );
     }
 }
+
+/// `braid_proxy_<name>` from the admin listener's metrics.
+async fn metric(admin: SocketAddr, name: &str) -> f64 {
+    let response = common::get(admin, "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&common::body_of(response).await).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("braid_proxy_{name} ")))
+        .unwrap_or_else(|| panic!("no metric {name}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+#[tokio::test]
+async fn the_private_cap_refuses_with_503_and_its_count_never_drifts() {
+    let origin = Origin::with_cache_control("private");
+    origin.set("/page", "for one reader");
+    let addr = origin.start().await;
+    let p = proxy(addr, |c| {
+        c.max_private_resources = 1;
+        c.poll_interval = Duration::from_millis(100);
+        c.resource_idle = Duration::from_millis(200);
+    })
+    .await;
+    // A credentialed subscription holds the one private slot.
+    let credentials = "Subscribe: true\r\nAuthorization: Bearer a\r\n";
+    let (held, ok) = exchange(p.addr, &get("/page", credentials), "for one reader").await;
+    assert!(ok.starts_with("HTTP/1.1 209"), "{ok}");
+    assert_eq!(metric(p.admin, "resources_private").await, 1.0);
+    // An anonymous subscription finds the answer private: it needs a slot too.
+    let (_, refused) = exchange(p.addr, &get("/page", "Subscribe: true\r\n"), "retry later").await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("(limit 1)"), "the cap is named: {refused}");
+    // Both gone and idle: the count is back to 0, never below.
+    drop(held);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let private = metric(p.admin, "resources_private").await;
+        assert!(private >= 0.0, "the gauge went below 0: {private}");
+        if private == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {private} private; {} subscriptions, {} resources",
+            metric(p.admin, "subscriptions").await,
+            metric(p.admin, "resources").await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And a credentialed subscription is served again.
+    let (_again, ok) = exchange(
+        p.addr,
+        &get("/page", "Subscribe: true\r\nAuthorization: Bearer b\r\n"),
+        "for one reader",
+    )
+    .await;
+    assert!(ok.starts_with("HTTP/1.1 209"), "{ok}");
+    assert!(metric(p.admin, "resources_private").await <= 1.0);
+}

@@ -735,3 +735,202 @@ async fn the_content_type_reaches_an_edge_that_subscribed_while_the_resource_was
     }
     keep.abort();
 }
+
+/// A subscriber on a raw socket with a small receive buffer, so that when
+/// it stops reading the proxy soon finds its socket full. It decodes the
+/// chunked 209 body itself and keeps what it saw.
+struct RawSubscriber {
+    stream: TcpStream,
+    /// Received and not yet taken apart (head, chunk framing).
+    raw: Vec<u8>,
+    head_read: bool,
+    decoder: Decoder,
+    seen: Seen,
+}
+
+impl RawSubscriber {
+    async fn open(addr: SocketAddr, path: &str) -> RawSubscriber {
+        use tokio::io::AsyncWriteExt;
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nSubscribe: true\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        RawSubscriber {
+            stream,
+            raw: Vec::new(),
+            head_read: false,
+            decoder: Decoder::new(DecodeLimits::default()),
+            seen: Seen::default(),
+        }
+    }
+
+    /// Reads until the subscriber has version `until`; returns how many
+    /// updates that took. Checks every update follows the version it had.
+    async fn read_until(&mut self, until: &str) -> usize {
+        use tokio::io::AsyncReadExt;
+        let want = format!("\"{until}\"");
+        let mut updates = 0;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            while let Some(update) = self.decoder.next_update().expect("well-formed update") {
+                updates += 1;
+                let snapshot = matches!(update.body, braid::Body::Snapshot(_));
+                if !snapshot || !update.parents.is_empty() {
+                    assert_eq!(update.parents, self.seen.version, "an update out of line");
+                }
+                self.seen.body = match update.body {
+                    braid::Body::Snapshot(b) => b.to_vec(),
+                    braid::Body::Patches(p) => {
+                        braid::apply_patches(&self.seen.body, &p).expect("patches apply")
+                    }
+                };
+                self.seen.version = update.version;
+                self.seen.versions.push(self.seen.version.to_header_value());
+                if self.seen.version.to_header_value() == want {
+                    return updates;
+                }
+            }
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("never reached {until}; saw {:?}", self.seen.versions))
+                .expect("read");
+            assert!(n > 0, "stream ended before {until}");
+            self.raw.extend_from_slice(&buf[..n]);
+            self.unchunk();
+        }
+    }
+
+    /// Moves the complete chunks of `raw` into the decoder.
+    fn unchunk(&mut self) {
+        if !self.head_read {
+            let Some(end) = self.raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                return;
+            };
+            assert!(self.raw.starts_with(b"HTTP/1.1 209"), "a 209");
+            self.raw.drain(..end + 4);
+            self.head_read = true;
+        }
+        loop {
+            let Some(eol) = self.raw.windows(2).position(|w| w == b"\r\n") else {
+                return;
+            };
+            let line = std::str::from_utf8(&self.raw[..eol]).expect("chunk size");
+            let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
+                .expect("hex chunk size");
+            if self.raw.len() < eol + 2 + size + 2 {
+                return;
+            }
+            self.decoder.push(&self.raw[eol + 2..eol + 2 + size]);
+            self.raw.drain(..eol + 2 + size + 2);
+        }
+    }
+}
+
+/// 50,000 bytes in 500 lines, every line different from version to version.
+fn big(n: usize) -> String {
+    let letter = char::from(b'a' + (n % 26) as u8);
+    let line: String = std::iter::repeat(letter).take(99).collect();
+    (0..500).map(|_| format!("{line}\n")).collect()
+}
+
+/// Sets `/doc` at the origin and has the shield poll it at once.
+async fn change(origin: &Origin, shield: &Tier, body: String) -> String {
+    let version = origin.set("/doc", body);
+    let response = common::request(shield.admin, "POST", "/refresh?path=/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 202, "refresh hook");
+    version
+}
+
+/// A shield that only polls when told (the refresh hook), and an edge.
+async fn shield_and_edge(origin: &Origin) -> (Tier, Tier) {
+    let origin_addr = origin.start().await;
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let shield = Tier::start(Config {
+        poll_interval: Duration::from_secs(3600),
+        ..config("shield", origin_addr, any)
+    })
+    .await;
+    let edge = Tier::start(config("edge", shield.addr, any)).await;
+    (shield, edge)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_readers_at_an_edge_resume_with_at_most_three_updates() {
+    let origin = Origin::default();
+    origin.set("/doc", big(0));
+    let (shield, edge) = shield_and_edge(&origin).await;
+    let mut stalled = Vec::new();
+    for _ in 0..5 {
+        let mut s = RawSubscriber::open(edge.addr, "/doc").await;
+        assert_eq!(s.read_until("e1").await, 1);
+        stalled.push(s);
+    }
+    // A reader that keeps up sees every version.
+    let (mut keeps_up, mut body) = follow_held(edge.addr, "/doc", "e1".into()).await;
+    const UPDATES: usize = 40;
+    for n in 1..=UPDATES {
+        let version = change(&origin, &shield, big(n)).await;
+        assert!(
+            tokio::time::timeout(WAIT, read_until(&mut body, &mut keeps_up, &version))
+                .await
+                .expect("in time"),
+            "the reader that keeps up reaches {version}"
+        );
+    }
+    assert_eq!(
+        keeps_up.versions.len(),
+        UPDATES + 1,
+        "every version, in order"
+    );
+    let last = format!("e{}", UPDATES + 1);
+    for mut s in stalled {
+        let updates = s.read_until(&last).await;
+        assert!(
+            updates <= 3,
+            "a stalled reader resumed with {updates} updates: {:?}",
+            s.seen.versions
+        );
+        assert_eq!(s.seen.body, big(UPDATES).as_bytes(), "and converged");
+    }
+    assert!(edge.metric("collapsed_total").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_at_a_subscribed_edge_cost_the_shield_nothing() {
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    let (shield, edge) = shield_and_edge(&origin).await;
+    let (mut seen, mut body) = follow_held(edge.addr, "/doc", "e1".into()).await;
+    let before = shield.metric("requests_total").await;
+    for _ in 0..20 {
+        let response = request(edge.addr, "/doc", false).await;
+        assert_eq!(response.status().as_u16(), 200);
+        let status = response.headers()["cache-status"].to_str().expect("text");
+        assert!(status.contains("\"edge\"; hit"), "{status}");
+        assert_eq!(response.headers()["version"], "\"e1\"");
+        assert_eq!(response.headers()["content-type"], "text/plain");
+        let got = common::body_of(response).await;
+        assert_eq!(&got[..], doc(0).as_bytes());
+    }
+    assert_eq!(
+        shield.metric("requests_total").await,
+        before,
+        "20 GETs at the edge, none at the shield"
+    );
+    // A change at the origin is in the edge's next GETs within the feed's latency.
+    let version = change(&origin, &shield, doc(1)).await;
+    assert!(
+        tokio::time::timeout(WAIT, read_until(&mut body, &mut seen, &version))
+            .await
+            .expect("in time")
+    );
+    let (status, text) = plain_get(edge.addr, "/doc").await;
+    assert_eq!((status, text), (200, doc(1)));
+    // A write through the edge: its next GET shows it, whatever the feed's pace.
+    let response = common::request(edge.addr, "PUT", "/doc", &[]).await;
+    assert_eq!(response.status().as_u16(), 204);
+    let (_, text) = plain_get(edge.addr, "/doc").await;
+    assert_eq!(text, "written by PUT 2\n");
+}

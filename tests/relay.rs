@@ -277,15 +277,15 @@ async fn equivalent_subscribers_share_one_upstream_subscription() {
     let (upstream, addr) = streaming(b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello").await;
     const N: usize = 8;
     let mut bodies = subscribe_at_once(addr, N, &[("heartbeats", "5s")]).await;
+    let first = b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello";
+    for body in &mut bodies {
+        assert_eq!(read_bytes(body, first.len()).await, first);
+    }
+    // Every subscriber is caught up: the next update reaches each as received.
     let update = b"\r\n\r\nVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [5:5]\r\n\r\n!";
     upstream.push(update);
-    let want = [
-        &b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello"[..],
-        update,
-    ]
-    .concat();
     for body in &mut bodies {
-        assert_eq!(read_bytes(body, want.len()).await, want);
+        assert_eq!(read_bytes(body, update.len()).await, update);
     }
     assert_eq!(
         upstream.requests().len(),
@@ -305,15 +305,13 @@ async fn a_resume_from_a_version_in_the_window_costs_no_upstream_request() {
     let mut first = first.into_body();
     let v2 = b"Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Length: 1\r\nContent-Range: text [1:1]\r\n\r\nb";
     let v3 = b"Version: \"v3\"\r\nParents: \"v2\"\r\nContent-Length: 1\r\nContent-Range: text [2:2]\r\n\r\nc";
+    let v1 = b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na";
+    assert_eq!(read_bytes(&mut first, v1.len()).await, v1);
+    // Read one at a time: a subscriber behind by two would get them collapsed.
     upstream.push(v2);
+    assert_eq!(read_bytes(&mut first, v2.len()).await, v2);
     upstream.push(v3);
-    let all = [
-        &b"Version: \"v1\"\r\nContent-Length: 1\r\n\r\na"[..],
-        v2,
-        v3,
-    ]
-    .concat();
-    assert_eq!(read_bytes(&mut first, all.len()).await, all);
+    assert_eq!(read_bytes(&mut first, v3.len()).await, v3);
 
     let resumed = subscribe(addr, "/doc", &[("parents", "\"v2\"")]).await;
     assert_eq!(resumed.status().as_u16(), 209);
@@ -805,4 +803,166 @@ async fn wait_for_metric(admin: SocketAddr, name: &str, value: f64) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// An upstream answering each subscription in the language asked for,
+/// saying so in `Vary`; `/private` answers are `Cache-Control: private`.
+async fn multilingual() -> Upstream {
+    Upstream::start(|_, h| {
+        let lang = h
+            .get("accept-language")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("en")
+            .to_string();
+        let text = if lang.starts_with("fr") {
+            "Bonjour"
+        } else {
+            "Hello"
+        };
+        let mut headers = vec![(
+            "vary",
+            "Accept-Language, Version, Parents, Subscribe".to_string(),
+        )];
+        if h.contains_key("x-private") {
+            headers.push(("cache-control", "private".to_string()));
+        }
+        let body = format!(
+            "Version: \"{lang}-1\"\r\nContent-Length: {}\r\n\r\n{text}",
+            text.len()
+        );
+        Script {
+            headers,
+            ..Script::stream(body.as_bytes())
+        }
+    })
+    .await
+}
+
+/// The first update of a relayed subscription to `path` in `lang`.
+async fn first_update(addr: SocketAddr, path: &str, lang: &str, extra: &[(&str, &str)]) -> String {
+    let mut headers = vec![("accept-language", lang)];
+    headers.extend_from_slice(extra);
+    let response = subscribe(addr, path, &headers).await;
+    assert_eq!(response.status().as_u16(), 209);
+    let mut body = response.into_body();
+    let mut got = String::new();
+    let _ = tokio::time::timeout(WAIT, async {
+        while !got.contains("Bonjour") && !got.contains("Hello") {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        got.push_str(&String::from_utf8_lossy(&data));
+                    }
+                }
+                _ => return,
+            }
+        }
+    })
+    .await;
+    got.trim_end().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_sessions_are_never_shared_across_vary_values_or_private_answers() {
+    let upstream = multilingual().await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    // Held open, so that later requests could join its session.
+    let french = subscribe(addr, "/doc", &[("accept-language", "fr")]).await;
+    let mut french = french.into_body();
+    assert!(String::from_utf8_lossy(&read_bytes(&mut french, 40).await).ends_with("Bonjour"));
+    let english = first_update(addr, "/doc", "en", &[]).await;
+    assert!(
+        english.ends_with("Hello"),
+        "the English view, got {english:?}"
+    );
+    assert_eq!(upstream.requests().len(), 2);
+    // Another French subscriber shares the French session.
+    let again = first_update(addr, "/doc", "fr", &[]).await;
+    assert!(again.ends_with("Bonjour"), "{again:?}");
+    assert_eq!(upstream.requests().len(), 2, "joined the French session");
+    // A private answer is one client's: nobody joins it.
+    let private = subscribe(addr, "/private", &[("x-private", "1")]).await;
+    let mut private = private.into_body();
+    assert!(!read_bytes(&mut private, 20).await.is_empty());
+    let second = first_update(addr, "/private", "en", &[("x-private", "1")]).await;
+    assert!(second.ends_with("Hello"));
+    assert_eq!(
+        upstream.requests().len(),
+        4,
+        "its own upstream subscription"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_subscriptions_of_two_variants_each_get_their_own() {
+    // Braid upstream and plain origin alike, on fresh proxies.
+    let braid = multilingual().await;
+    let plain = common::serve(|req| {
+        let fr = req
+            .headers()
+            .get("accept-language")
+            .is_some_and(|v| v.as_bytes().starts_with(b"fr"));
+        Response::builder()
+            .header("vary", "Accept-Language")
+            .header("content-type", "text/plain")
+            .body(Full::new(Bytes::from_static(if fr {
+                b"Bonjour"
+            } else {
+                b"Hello"
+            })))
+            .expect("response")
+    })
+    .await;
+    for origin in [braid.addr, plain] {
+        for round in 0..20 {
+            let (addr, _) = common::proxy_for(origin, |_| {}).await;
+            let both = tokio::time::timeout(Duration::from_secs(3), async {
+                tokio::join!(
+                    first_update(addr, "/doc", "fr", &[]),
+                    first_update(addr, "/doc", "en", &[])
+                )
+            })
+            .await;
+            let (fr, en) =
+                both.unwrap_or_else(|_| panic!("round {round}: not both answered in 3 s"));
+            assert!(fr.ends_with("Bonjour"), "round {round}: {fr:?}");
+            assert!(en.ends_with("Hello"), "round {round}: {en:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_write_to_a_resource_not_known_yet_goes_to_a_braid_upstream() {
+    // A Braid server: its GETs name versions; its PUTs take patches.
+    let upstream = Upstream::start(|_, h| {
+        let put = h.contains_key("content-range");
+        Script {
+            status: 200,
+            headers: vec![("version", "\"v1\"".to_string())],
+            end: true,
+            ..Script::stream(if put { b"patched" } else { b"text" })
+        }
+    })
+    .await;
+    let (addr, _) = proxy(&upstream, |_| {}).await;
+    let response = common::request(
+        addr,
+        "PUT",
+        "/fresh",
+        &[
+            ("content-range", "text [0:0]"),
+            ("content-length", "0"),
+            ("parents", "\"v1\""),
+            ("version", "\"v2\""),
+        ],
+    )
+    .await;
+    assert_eq!(response.status().as_u16(), 200, "not refused by the proxy");
+    assert_eq!(&common::body_of(response).await[..], b"patched");
+    let requests = upstream.requests();
+    assert_eq!(requests.len(), 2, "one GET to learn, then the write");
+    assert_eq!(
+        requests[1]["content-range"], "text [0:0]",
+        "the patch as sent"
+    );
 }

@@ -82,12 +82,25 @@ pub async fn proxy_for(
 
 /// Sends a GET with `headers` on a new connection, bounded in time.
 pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Response<Incoming> {
+    request(addr, "GET", path, headers).await
+}
+
+/// Sends a request without a body on a new connection, bounded in time.
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Response<Incoming> {
     let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .expect("handshake");
     tokio::spawn(conn);
-    let mut req = Request::get(path).header("host", addr.to_string());
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
