@@ -32,4 +32,29 @@ http.Server.prototype.listen = function (port, ...rest) {
     : listen.call(this, Number(port), '127.0.0.1')
 }
 
+// One resource served the way a Braid server serves it, outside the
+// suite's own paths: run.mjs asks the proxy for it before the suite (a
+// plain GET and a subscription), so that the run shows that a proxy which
+// has served a Braid answer still caches plain resources (issue 37: one
+// Braid header once switched the whole process to pass-through).
+const BRAID_PATH = '/__braid/doc'
+function serveBraid (req, res) {
+  const headers = { 'content-type': 'text/plain', version: '"b1"', parents: '"b0"' }
+  if (/^(true|\?1|)$/i.test(req.headers.subscribe ?? 'no')) {
+    res.writeHead(209, { ...headers, subscribe: 'true', 'cache-control': 'no-store' })
+    res.write('Version: "b1"\r\nContent-Length: 5\r\n\r\nbraid\r\n\r\n')
+    const beat = setInterval(() => res.write('\r\n'), 1000)
+    res.on('close', () => clearInterval(beat))
+    return
+  }
+  res.writeHead(200, { ...headers, 'cache-control': 'max-age=60', 'content-length': '5' })
+  res.end('braid')
+}
+const createServer = http.createServer
+http.createServer = function (...args) {
+  return createServer.apply(this, args.map(arg => typeof arg !== 'function'
+    ? arg
+    : (req, res) => req.url === BRAID_PATH ? serveBraid(req, res) : arg(req, res)))
+}
+
 await import('http-cache-tests/server/server.mjs')
