@@ -86,6 +86,9 @@ pub enum Relayed {
         template: HeaderMap,
         response: Response<Incoming>,
         timing: Timing,
+        /// Held while the answer seeds the resource; equivalent requests
+        /// wait for its drop, so that none polls for the same first answer.
+        seeding: Seeding,
     },
     /// An equivalent request just found a plain origin: serve this one
     /// from the polled resource too, without a request of its own.
@@ -93,6 +96,16 @@ pub enum Relayed {
         /// The identity headers of the request, for the resource's watcher.
         template: HeaderMap,
     },
+}
+
+/// Held by the request whose plain answer seeds a resource; dropped (once
+/// seeded, or with the request) it lets the session's waiters go on.
+pub struct Seeding(Arc<Session>);
+
+impl Drop for Seeding {
+    fn drop(&mut self) {
+        self.0.tick.send_modify(|t| t.seeded = true);
+    }
 }
 
 /// One upstream subscription and everything it sent.
@@ -325,6 +338,8 @@ struct Tick {
     ended: bool,
     /// The opener's answer showed a plain origin: the resource is polled.
     plain: bool,
+    /// That answer is in the resource (or its request is gone).
+    seeded: bool,
 }
 
 /// Why an upstream stream is over.
@@ -407,6 +422,10 @@ impl Relays {
             .await
             .unwrap_or(false);
             if !opened && tick.borrow().plain {
+                // Served from the resource the opener's answer seeds: once
+                // it is in, this request's own variant (its `Vary` may be
+                // known by then) is either that resource or a new one.
+                let _ = tokio::time::timeout_at(deadline, tick.wait_for(|t| t.seeded)).await;
                 let template = proxy::watcher_template(&req, &self.config);
                 return Ok(Relayed::Poll { template });
             }
@@ -590,6 +609,7 @@ impl Relays {
                 template,
                 response,
                 timing,
+                seeding: Seeding(session.clone()),
             });
         }
         let (mut parts, body) = response.into_parts();

@@ -483,7 +483,8 @@ impl Router {
                     template,
                     response,
                     timing,
-                } => (template, Some((response, timing))),
+                    seeding,
+                } => (template, Some((response, timing, seeding))),
                 Relayed::Poll { template } => (template, None),
             }
         } else {
@@ -504,11 +505,12 @@ impl Router {
             // The seeding request holds the watcher while it seeds, so that
             // nobody polls before that first answer is in.
             let mut claimed = seeded && inner.registry.claim_watcher(&resource);
-            if let Some((response, timing)) = seed.take() {
+            if let Some((response, timing, seeding)) = seed.take() {
                 if response.status() == StatusCode::OK {
                     resource.learn_kind(Kind::Plain);
                 }
                 inner.watchers.seed(&resource, response, timing).await;
+                drop(seeding);
             }
             let generation = resource.validation().generation;
             if !seeded {
