@@ -564,6 +564,26 @@ pub fn stored_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// Whether a 304 is about the stored answer whose headers are `stored`
+/// (RFC 9111 §4.3.4): the request asked with the stored answer's validator
+/// (`etag` sent in `If-None-Match`, else `modified` in `If-Modified-Since`),
+/// and the 304's own strong validator, when it gives one, is the stored one.
+pub fn not_modified_applies(
+    stored: &HeaderMap,
+    etag: Option<&HeaderValue>,
+    modified: Option<&HeaderValue>,
+    answer: &HeaderMap,
+) -> bool {
+    let stored_etag = stored.get(header::ETAG);
+    let asked = match (etag, modified) {
+        (Some(etag), _) => stored_etag == Some(etag),
+        (None, Some(date)) => stored.get(header::LAST_MODIFIED) == Some(date),
+        (None, None) => false,
+    };
+    let named = answer.get(header::ETAG);
+    asked && (named.is_none() || named == stored_etag)
+}
+
 /// Updates stored headers with those of a 304 (RFC 9111 §4.3.4): each
 /// header the 304 carries replaces the stored one, except the framing ones.
 pub fn merge_not_modified(stored: &HeaderMap, update: &HeaderMap) -> HeaderMap {
@@ -781,6 +801,38 @@ mod tests {
             "Mon, 30 Nov 2026 00:00:00 GMT"
         ));
         assert!(!not_modified_since(Some(&lm), "garbage"));
+    }
+
+    #[test]
+    fn a_304_applies_only_to_the_answer_whose_validator_it_names() {
+        let mut stored = HeaderMap::new();
+        stored.insert(header::ETAG, HeaderValue::from_static("\"v2\""));
+        stored.insert(
+            header::LAST_MODIFIED,
+            HeaderValue::from_static("Sun, 06 Dec 2026 10:00:00 GMT"),
+        );
+        let v1 = HeaderValue::from_static("\"v1\"");
+        let v2 = HeaderValue::from_static("\"v2\"");
+        let none = HeaderMap::new();
+        let mut names_v1 = HeaderMap::new();
+        names_v1.insert(header::ETAG, v1.clone());
+        assert!(not_modified_applies(&stored, Some(&v2), None, &none));
+        assert!(
+            !not_modified_applies(&stored, Some(&v1), None, &none),
+            "asked with another ETag"
+        );
+        assert!(
+            !not_modified_applies(&stored, Some(&v2), None, &names_v1),
+            "names another ETag"
+        );
+        let date = stored.get(header::LAST_MODIFIED).cloned();
+        assert!(not_modified_applies(&stored, None, date.as_ref(), &none));
+        let older = HeaderValue::from_static("Sat, 05 Dec 2026 10:00:00 GMT");
+        assert!(!not_modified_applies(&stored, None, Some(&older), &none));
+        assert!(
+            !not_modified_applies(&stored, None, None, &none),
+            "an unconditional request"
+        );
     }
 
     #[test]

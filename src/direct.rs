@@ -798,7 +798,15 @@ mod tests {
         if shards == 1 {
             assert!(were_passed[0]);
         }
+        // The sweep records where a subscriber is after its write, which
+        // the client may have read first: wait (bounded) for it.
         for (i, ticket) in tickets.iter().enumerate() {
+            for _ in 0..100 {
+                if ticket.handle.link.at.load(Acquire) == 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             assert_eq!(ticket.handle.link.at.load(Acquire), 2, "subscriber {i}");
         }
         // Nothing else follows.

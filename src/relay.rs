@@ -58,7 +58,7 @@ use crate::direct;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy::{self, UpstreamClient};
-use crate::resource::{Key, Registry};
+use crate::resource::{Key, Registry, Ticket};
 use crate::subscribe::BraidRequest;
 
 /// The relays of one proxy: its live sessions and what it knows of its upstream.
@@ -86,6 +86,8 @@ pub enum Relayed {
         template: HeaderMap,
         response: Response<Incoming>,
         timing: Timing,
+        /// Its place among the requests sent to the origin.
+        ticket: Ticket,
         /// Held while the answer seeds the resource; equivalent requests
         /// wait for its drop, so that none polls for the same first answer.
         seeding: Seeding,
@@ -561,6 +563,7 @@ impl Relays {
         };
         *lock(&session.request) = Some((out.uri().clone(), out.headers().clone()));
         let sent = SystemTime::now();
+        let ticket = Ticket::take();
         let response = match self.client.send_watch(out).await {
             Ok(response) => response,
             Err(refusal) => {
@@ -609,6 +612,7 @@ impl Relays {
                 template,
                 response,
                 timing,
+                ticket,
                 seeding: Seeding(session.clone()),
             });
         }

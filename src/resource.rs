@@ -4,8 +4,8 @@
 //! [`crate::upstream`]; this module only records them.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -270,9 +270,6 @@ pub struct Resource {
     /// Set when it was taken out of the registry (its first answer showed it
     /// is not shareable under its key): only its current subscribers use it.
     detached: std::sync::atomic::AtomicBool,
-    /// When the latest patch write landed at the origin: an answer to a
-    /// request sent before it may predate the write and is not recorded.
-    written_at: Mutex<Option<std::time::SystemTime>>,
     /// Bytes counted for this resource in the registry's total.
     weight: std::sync::atomic::AtomicUsize,
     total: Arc<std::sync::atomic::AtomicUsize>,
@@ -282,8 +279,10 @@ pub struct Resource {
     /// Bumped after every revalidation attempt, successful or not.
     validated: watch::Sender<Validation>,
     last_used: Mutex<Instant>,
-    /// Held while a change is recorded: the watcher and patch writes both publish.
-    publishing: Mutex<()>,
+    /// Held while an origin answer is recorded (watcher, GETs and writes
+    /// all record): the ticket of the newest answer recorded, or of the
+    /// latest write's landing. An answer with an older ticket is not.
+    publishing: Mutex<Ticket>,
     /// Its parked HTTP/1.1 subscribers, written to directly on each change.
     pub direct: Arc<crate::direct::Parked>,
 }
@@ -302,6 +301,43 @@ pub struct Validation {
     pub generation: u64,
     /// When the latest successful revalidation ended.
     pub ok_at: Option<Instant>,
+}
+
+/// Numbers the requests sent to origins, in the order they are sent
+/// (one counter for the process: a resource made after its request was
+/// sent still orders that request's answer among the others).
+static TICKETS: AtomicU64 = AtomicU64::new(0);
+
+/// The place of one origin request in the order requests were sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ticket(u64);
+
+impl Ticket {
+    /// Taken just before a request goes to the origin.
+    pub fn take() -> Ticket {
+        Ticket(TICKETS.fetch_add(1, Relaxed) + 1)
+    }
+}
+
+/// An origin answer being recorded into a resource (see [`Resource::record`]).
+pub struct Recording<'a> {
+    resource: &'a Resource,
+    _newest: MutexGuard<'a, Ticket>,
+}
+
+impl Recording<'_> {
+    /// Records a new state learned from the upstream. Returns false when
+    /// it is the version already current (nothing to publish).
+    pub fn publish(
+        &self,
+        change: Change,
+        history: &History,
+        tuning: &Tuning,
+        metrics: &Metrics,
+    ) -> bool {
+        self.resource
+            .publish_locked(change, false, history, tuning, metrics)
+    }
 }
 
 impl Resource {
@@ -330,14 +366,13 @@ impl Resource {
             watching: false.into(),
             uncacheable: false.into(),
             detached: false.into(),
-            written_at: Mutex::new(None),
             weight: weight.into(),
             total,
             window: Mutex::default(),
             wake: Notify::new(),
             validated: watch::channel(Validation::default()).0,
             last_used: Mutex::new(Instant::now()),
-            publishing: Mutex::new(()),
+            publishing: Mutex::new(Ticket(0)),
             direct: Arc::default(),
         }
     }
@@ -390,15 +425,27 @@ impl Resource {
         }
     }
 
-    /// Records that a write through the proxy has just landed at the origin.
-    pub fn mark_written(&self) {
-        *lock(&self.written_at) = Some(std::time::SystemTime::now());
+    /// Records that a write through the proxy has just landed at the
+    /// origin: answers to requests sent before now may show the document
+    /// from before the write, and are not recorded.
+    pub fn landed(&self) {
+        let mut newest = lock(&self.publishing);
+        *newest = (*newest).max(Ticket::take());
     }
 
-    /// Whether a write landed after `sent`: an answer to a request sent
-    /// then may show the document from before the write.
-    pub fn written_since(&self, sent: std::time::SystemTime) -> bool {
-        lock(&self.written_at).is_some_and(|at| at > sent)
+    /// Begins recording the answer to the request that took `ticket`;
+    /// `None` when an answer to a later request (or a later write) is
+    /// already recorded. Others wait until the returned value is dropped.
+    pub fn record(&self, ticket: Ticket) -> Option<Recording<'_>> {
+        let mut newest = lock(&self.publishing);
+        if ticket < *newest {
+            return None;
+        }
+        *newest = ticket;
+        Some(Recording {
+            resource: self,
+            _newest: newest,
+        })
     }
 
     /// What its upstream is, as far as its own answers tell.
@@ -505,19 +552,6 @@ impl Resource {
             .rev()
             .find(|(_, v)| v == version)
             .map(|(s, _)| *s)
-    }
-
-    /// Records a new state learned from the upstream. Returns false when it
-    /// is the version already current (nothing to publish).
-    pub fn publish(
-        &self,
-        change: Change,
-        history: &History,
-        tuning: &Tuning,
-        metrics: &Metrics,
-    ) -> bool {
-        let _one = lock(&self.publishing);
-        self.publish_locked(change, false, history, tuning, metrics)
     }
 
     /// Records the result of a write made against `parents`, only if the

@@ -17,7 +17,9 @@ use crate::metrics::Metrics;
 use crate::multiplex::{self, Multiplexers};
 use crate::proxy::{self, ConnInfo, UpstreamClient};
 use crate::relay::{Relayed, Relays};
-use crate::resource::{History, Key, Kind, Registry, RegistryLimits, Resource, State, Tuning};
+use crate::resource::{
+    History, Key, Kind, Registry, RegistryLimits, Resource, State, Ticket, Tuning,
+};
 use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
 use crate::upstream::{self, Watchers};
 use crate::writes::{self, Writes};
@@ -383,8 +385,10 @@ impl Router {
             .apply(req, &braid, resource.clone(), &inner.config)
             .await?;
         if response.status().is_success() {
-            // Stored answers of every variant are older than the write now.
+            // Stored answers of every variant are older than the write now,
+            // and so are answers to requests sent before it.
             for variant in inner.registry.variants(&path) {
+                variant.landed();
                 variant.invalidate();
                 if !Arc::ptr_eq(&variant, &resource) {
                     variant.refresh();
@@ -444,6 +448,11 @@ impl Router {
         let status = response.status();
         if status.is_success() || status.is_redirection() {
             self.inner.relays.written(&path);
+            // Answers to requests sent before the write landed may show
+            // the document before it: not recorded (Resource::record).
+            for variant in self.inner.registry.variants(&path) {
+                variant.landed();
+            }
             self.refresh(&path);
             for name in [header::LOCATION, header::CONTENT_LOCATION] {
                 if let Some(target) = response
@@ -483,8 +492,9 @@ impl Router {
                     template,
                     response,
                     timing,
+                    ticket,
                     seeding,
-                } => (template, Some((response, timing, seeding))),
+                } => (template, Some((response, (timing, ticket), seeding))),
                 Relayed::Poll { template } => (template, None),
             }
         } else {
@@ -505,11 +515,14 @@ impl Router {
             // The seeding request holds the watcher while it seeds, so that
             // nobody polls before that first answer is in.
             let mut claimed = seeded && inner.registry.claim_watcher(&resource);
-            if let Some((response, timing, seeding)) = seed.take() {
+            if let Some((response, (timing, ticket), seeding)) = seed.take() {
                 if response.status() == StatusCode::OK {
                     resource.learn_kind(Kind::Plain);
                 }
-                inner.watchers.seed(&resource, response, timing).await;
+                inner
+                    .watchers
+                    .seed(&resource, response, timing, ticket)
+                    .await;
                 drop(seeding);
             }
             let generation = resource.validation().generation;
@@ -727,7 +740,7 @@ async fn fetch(
         )
     });
     let revalidating = matches!(validators, Some((Some(_), _)) | Some((_, Some(_))));
-    if let (true, Some((etag, modified))) = (revalidating, validators) {
+    if let (true, Some((etag, modified))) = (revalidating, validators.clone()) {
         let h = out.headers_mut();
         h.remove(header::IF_NONE_MATCH);
         h.remove(header::IF_MODIFIED_SINCE);
@@ -739,6 +752,7 @@ async fn fetch(
         }
     }
     let sent = std::time::SystemTime::now();
+    let ticket = Ticket::take();
     let response = inner.client.send(out).await?;
     // A Braid server names its versions: the proxy adds none of its own
     // (issue 19), and the resource is known to be a Braid server's.
@@ -751,9 +765,13 @@ async fn fetch(
     };
     let status = response.status();
     if let (true, StatusCode::NOT_MODIFIED, Some(resource)) = (revalidating, status, &resource) {
+        let (etag, modified) = validators.unwrap_or_default();
+        // A 304 about an answer no longer stored (a newer one was recorded
+        // meanwhile) merges nothing; the client gets the newer one.
+        let asked = (ticket, etag.as_ref(), modified.as_ref());
         inner
             .watchers
-            .not_modified(resource, response.headers(), timing);
+            .not_modified(resource, response.headers(), timing, asked);
         resource.validated(true);
         Metrics::inc(&inner.metrics.cache_revalidated_total);
         if let Some(stored) = resource.stored() {
@@ -853,7 +871,15 @@ async fn fetch(
                 // The version is a hash of the body: read it (it is
                 // within max-body-bytes) so this answer can name it.
                 Metrics::inc(&inner.metrics.cache_misses_total);
-                let held = fetch_whole(inner.clone(), response, probe, target, timing, fwd, guard);
+                let held = fetch_whole(
+                    inner.clone(),
+                    response,
+                    probe,
+                    target,
+                    (timing, ticket),
+                    fwd,
+                    guard,
+                );
                 let answer = held.await;
                 drop(copy);
                 return answer;
@@ -872,7 +898,7 @@ async fn fetch(
                     status,
                     &headers,
                     bytes::Bytes::new(),
-                    timing,
+                    (timing, ticket),
                     true,
                 );
                 target.validated(true);
@@ -884,7 +910,7 @@ async fn fetch(
             let watchers = inner.watchers.clone();
             let body = std::mem::replace(response.body_mut(), body::empty());
             let done: body::OnComplete = Box::new(move |bytes| {
-                watchers.absorb_fetched(&target, status, &headers, bytes, timing, true);
+                watchers.absorb_fetched(&target, status, &headers, bytes, (timing, ticket), true);
                 target.validated(true);
             });
             *response.body_mut() = body::tee(body, copy_limit, (guard, copy), done);
@@ -913,7 +939,7 @@ async fn fetch_whole(
     response: Response<Body>,
     probe: Request<()>,
     target: Arc<Resource>,
-    timing: Timing,
+    sent: (Timing, Ticket),
     fwd: &'static str,
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 ) -> Result<Response<Body>, Refusal> {
@@ -942,7 +968,7 @@ async fn fetch_whole(
     };
     inner
         .watchers
-        .absorb_fetched(&target, parts.status, &parts.headers, bytes, timing, true);
+        .absorb_fetched(&target, parts.status, &parts.headers, bytes, sent, true);
     target.validated(true);
     drop(guard);
     let stored = target

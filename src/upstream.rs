@@ -24,7 +24,7 @@ use crate::braid::VersionList;
 use crate::cache::{self, Timing};
 use crate::metrics::Metrics;
 use crate::proxy::UpstreamClient;
-use crate::resource::{Change, History, Registry, Resource, State, Stored, Tuning};
+use crate::resource::{Change, History, Registry, Resource, State, Stored, Ticket, Tuning};
 
 /// What a watcher needs, shared by all of them.
 pub struct Watchers {
@@ -109,14 +109,14 @@ impl Watchers {
         resource: &Arc<Resource>,
         response: Response<Incoming>,
         timing: Timing,
+        ticket: Ticket,
     ) {
         let mut w = Watch {
             resource: resource.clone(),
             validators: Validators::default(),
         };
-        let ok = self
-            .absorb_plain(&mut w, response, timing.request_time)
-            .await;
+        let sent = (timing.request_time, ticket, Validators::default());
+        let ok = self.absorb_plain(&mut w, response, sent).await;
         resource.validated(ok);
     }
 
@@ -136,24 +136,30 @@ impl Watchers {
         }
     }
 
-    fn publish(&self, resource: &Resource, change: Change) -> bool {
-        resource.publish(change, &self.history, &self.tuning, &self.metrics)
-    }
-
-    /// Sends a conditional poll of the resource.
-    async fn send(&self, w: &Watch) -> Result<Response<Incoming>, String> {
+    /// Sends a conditional poll of the resource; its answer, when it was
+    /// sent, its ticket, and the validators it carried.
+    async fn send(&self, w: &Watch) -> Result<(Response<Incoming>, Sent), String> {
         let mut req = self
             .plain_get(&w.resource, None)
             .map_err(|e| e.to_string())?;
         let headers = req.headers_mut();
+        let mut asked = Validators::default();
         if w.resource.head().seq > 0 {
             if let Some(etag) = &w.validators.etag {
                 headers.insert(header::IF_NONE_MATCH, etag.clone());
+                asked.etag = Some(etag.clone());
             } else if let Some(date) = &w.validators.last_modified {
                 headers.insert(header::IF_MODIFIED_SINCE, date.clone());
+                asked.last_modified = Some(date.clone());
             }
         }
-        self.client.send_watch(req).await.map_err(|e| e.to_string())
+        let sent = (SystemTime::now(), Ticket::take(), asked);
+        let response = self
+            .client
+            .send_watch(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((response, sent))
     }
 
     /// A GET of `resource` as its watcher sends it: the resource's template
@@ -182,9 +188,8 @@ impl Watchers {
 
     /// One conditional request; publishes what changed. False on failure.
     async fn poll_once(&self, w: &mut Watch) -> bool {
-        let sent = SystemTime::now();
         match self.send(w).await {
-            Ok(response) => self.absorb_plain(w, response, sent).await,
+            Ok((response, sent)) => self.absorb_plain(w, response, sent).await,
             Err(reason) => {
                 // Logged once, where the failure enters: UpstreamHealth.
                 debug!(resource = w.resource.key(), %reason, "poll failed");
@@ -194,22 +199,24 @@ impl Watchers {
     }
 
     /// Publishes what a plain (non-209) response to the watcher says. False
-    /// when unusable.
-    async fn absorb_plain(
-        &self,
-        w: &mut Watch,
-        response: Response<Incoming>,
-        sent: SystemTime,
-    ) -> bool {
+    /// when unusable. `sent`: when its request was sent, its ticket, and
+    /// the validators it carried.
+    async fn absorb_plain(&self, w: &mut Watch, response: Response<Incoming>, sent: Sent) -> bool {
         let resource = w.resource.clone();
         let status = response.status();
+        let (request_time, ticket, asked) = sent;
         let timing = Timing {
-            request_time: sent,
+            request_time,
             response_time: SystemTime::now(),
         };
         if status == StatusCode::NOT_MODIFIED {
             Metrics::inc(&self.metrics.polls_not_modified_total);
-            self.not_modified(&resource, response.headers(), timing);
+            let sent = (ticket, asked.etag.as_ref(), asked.last_modified.as_ref());
+            if !self.not_modified(&resource, response.headers(), timing, sent) {
+                // Not about the representation held: ask unconditionally.
+                w.validators = Validators::default();
+                resource.wake.notify_one();
+            }
             return true;
         }
         if !matches!(
@@ -249,7 +256,10 @@ impl Watchers {
                     resource = resource.key(),
                     "origin body over max-body-bytes; not tracked"
                 );
-                self.publish(&resource, Change::derived(too_large(self.max_body_bytes)));
+                if let Some(recording) = resource.record(ticket) {
+                    let change = Change::derived(too_large(self.max_body_bytes));
+                    recording.publish(change, &self.history, &self.tuning, &self.metrics);
+                }
                 return true;
             }
             Err(BodyFailure::Broken(reason)) => {
@@ -268,7 +278,7 @@ impl Watchers {
             parts.status,
             &parts.headers,
             body,
-            timing,
+            (timing, ticket),
             for_gets,
         );
         true
@@ -294,44 +304,67 @@ impl Watchers {
         Ok(())
     }
 
-    /// Records a 304: the stored answer's headers are updated (RFC 9111
-    /// §4.3.4) and its age starts over.
-    pub fn not_modified(&self, resource: &Resource, headers: &http::HeaderMap, timing: Timing) {
-        if resource.written_since(timing.request_time) {
-            return;
+    /// Records a 304 to the request that took `sent.0` and carried the
+    /// validators `sent.1` (`If-None-Match`) or `sent.2`
+    /// (`If-Modified-Since`): the stored answer's headers are updated (RFC
+    /// 9111 §4.3.4) and its age starts over, only when no later answer was
+    /// recorded and the 304 is about the stored answer (its validator is
+    /// the one asked with). False when it was not recorded.
+    pub fn not_modified(
+        &self,
+        resource: &Resource,
+        headers: &http::HeaderMap,
+        timing: Timing,
+        sent: (Ticket, Option<&HeaderValue>, Option<&HeaderValue>),
+    ) -> bool {
+        let (ticket, etag, modified) = sent;
+        let Some(_recording) = resource.record(ticket) else {
+            return false;
+        };
+        let Some(stored) = resource.stored() else {
+            return false;
+        };
+        if !cache::not_modified_applies(&stored.headers, etag, modified, headers) {
+            debug!(
+                resource = resource.key(),
+                "304 names another validator than the stored answer's; not merged"
+            );
+            return false;
         }
-        if let Some(stored) = resource.stored() {
-            let mut updated = Stored::clone(&stored);
-            updated.headers = cache::merge_not_modified(&stored.headers, headers);
-            updated.timing = timing;
-            updated.invalid = false;
-            resource.set_stored(Some(updated));
-        }
+        let mut updated = Stored::clone(&stored);
+        updated.headers = cache::merge_not_modified(&stored.headers, headers);
+        updated.timing = timing;
+        updated.invalid = false;
+        resource.set_stored(Some(updated));
+        true
     }
 
     /// Records a complete answer from the origin, from a watcher's poll or
     /// a client's GET: publishes the state to subscribers (a 200 without
     /// content coding, 404 or 410) and, when `for_gets`, stores it for
     /// plain GETs. The one path every plain answer takes into the state.
+    /// `sent.1`: the ticket its request took when sent; an answer to a
+    /// request sent before one whose answer (or a write) is recorded is not.
     pub fn absorb_fetched(
         &self,
         resource: &Resource,
         status: StatusCode,
         headers: &http::HeaderMap,
         body: Bytes,
-        timing: Timing,
+        sent: (Timing, Ticket),
         for_gets: bool,
     ) {
-        if resource.written_since(timing.request_time) {
-            // Asked before a write through the proxy landed: this answer may
-            // undo the write for subscribers. The next poll tells.
+        let (timing, ticket) = sent;
+        let Some(recording) = resource.record(ticket) else {
+            // Asked before a newer answer or a write through the proxy was
+            // recorded: this one may undo it for subscribers. The next poll tells.
             debug!(
                 resource = resource.key(),
-                "answer predates a write; not recorded"
+                "answer to an earlier request than one recorded; not recorded"
             );
             resource.wake.notify_one();
             return;
-        }
+        };
         let encoded = headers
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())
@@ -354,13 +387,15 @@ impl Watchers {
             .and_then(|v| VersionList::parse_named(v.as_bytes(), "Version").ok())
             .filter(|v| !v.is_empty() && status == StatusCode::OK);
         let changed = match state {
-            Some(state) => self.publish(
-                resource,
+            Some(state) => recording.publish(
                 Change {
                     state,
                     version,
                     patches: None,
                 },
+                &self.history,
+                &self.tuning,
+                &self.metrics,
             ),
             None => false,
         };
@@ -379,6 +414,7 @@ impl Watchers {
         } else if changed {
             resource.invalidate();
         }
+        drop(recording);
         self.registry.enforce_cap();
     }
 
@@ -423,6 +459,9 @@ fn text_header(headers: &http::HeaderMap, name: header::HeaderName) -> Option<St
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
 }
+
+/// When a poll was sent, its ticket, and the validators it carried.
+type Sent = (SystemTime, Ticket, Validators);
 
 /// The validators of the last representation, for conditional polls.
 #[derive(Default)]

@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::proxy;
-use crate::resource::{self, Change, Head, Resource, State};
+use crate::resource::{self, Change, Head, Resource, State, Ticket};
 use crate::subscribe::BraidRequest;
 use crate::upstream::{BodyFailure, Watchers};
 
@@ -346,9 +346,9 @@ impl Write<'_> {
             self.resource.refresh();
             return Ok(proxy::downstream_response(response, self.config));
         }
-        // Answers to polls sent before now may show the document before
-        // this write: they are not recorded (see Resource::written_since).
-        self.resource.mark_written();
+        // Answers to requests sent before now may show the document before
+        // this write: they are not recorded (see Resource::record).
+        self.resource.landed();
         let etag = match text(response.headers(), header::ETAG) {
             Some(etag) => Some(Some(etag)),
             None => self.etag_after_write(&new).await,
@@ -435,6 +435,7 @@ impl Write<'_> {
                 _ => None,
             };
             let sent = SystemTime::now();
+            let ticket = Ticket::take();
             let response = self.get(held_etag).await?;
             let timing = Timing {
                 request_time: sent,
@@ -451,7 +452,7 @@ impl Write<'_> {
                     if !same {
                         // The proxy was behind the origin: this is the current state.
                         self.writes.watchers.absorb_fetched(
-                            self.resource, status, &headers, body, timing, false,
+                            self.resource, status, &headers, body, (timing, ticket), false,
                         );
                         continue;
                     }
@@ -460,7 +461,7 @@ impl Write<'_> {
                 StatusCode::NOT_FOUND | StatusCode::GONE => {
                     if !matches!(head.state, State::Missing { .. }) {
                         self.writes.watchers.absorb_fetched(
-                            self.resource, status, &headers, Bytes::new(), timing, false,
+                            self.resource, status, &headers, Bytes::new(), (timing, ticket), false,
                         );
                     }
                     true

@@ -2,6 +2,8 @@
 //! subscribers: its answer may show the document from before the write.
 //! Real sockets on 127.0.0.1:0.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,17 +19,6 @@ use tokio::net::TcpStream;
 
 /// The origin's document: (version number, body).
 type Doc = Arc<Mutex<(u64, String)>>;
-
-async fn exchange(addr: SocketAddr, request: String) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
-        .await
-        .expect("answer in time")
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 /// Reads a subscription until `want` appears; returns everything read.
 async fn subscribe_until(addr: SocketAddr, want: &str) -> String {
@@ -105,7 +96,7 @@ async fn a_poll_in_flight_during_a_patch_write_does_not_undo_it() {
     // A poll goes out and is held at the origin with the old document...
     let before = gets.load(Ordering::SeqCst);
     delay_next_get.store(true, Ordering::SeqCst);
-    let refreshed = exchange(
+    let refreshed = common::exchange(
         admin,
         "POST /refresh?path=/doc HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n".into(),
     )
@@ -120,7 +111,7 @@ async fn a_poll_in_flight_during_a_patch_write_does_not_undo_it() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // ...while a patch write lands.
-    let put = exchange(
+    let put = common::exchange(
         proxy,
         "PUT /doc HTTP/1.1\r\nHost: x\r\nParents: \"v1\"\r\nContent-Range: text [5:5]\r\nContent-Length: 6\r\nConnection: close\r\n\r\n, dear".into(),
     )

@@ -113,6 +113,20 @@ pub async fn request(
         .expect("response")
 }
 
+/// Writes `request` (whole, with `Connection: close`) on a new connection;
+/// the whole answer as text, bounded in time.
+pub async fn exchange(addr: SocketAddr, request: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The whole body of a response.
 pub async fn body_of(response: Response<Incoming>) -> Bytes {
     use http_body_util::BodyExt;
