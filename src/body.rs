@@ -183,6 +183,17 @@ impl Drop for Reservation {
     }
 }
 
+/// A body gathered into `buf`, held at its length: a buffer that grew by
+/// doubling may hold up to twice its length, and what is kept is counted
+/// (and capped) by its length.
+pub fn compact(buf: bytes::BytesMut) -> Bytes {
+    if buf.capacity() - buf.len() > buf.len() / 16 + 4096 {
+        Bytes::copy_from_slice(&buf)
+    } else {
+        buf.freeze()
+    }
+}
+
 /// What a [`tee`] does with the whole body once it has passed through.
 pub type OnComplete = Box<dyn FnOnce(Bytes) + Send>;
 
@@ -216,7 +227,7 @@ struct Tee<G> {
 impl<G> Tee<G> {
     fn finish(&mut self) {
         if let (Some(copy), Some(done)) = (self.copy.take(), self.done.take()) {
-            done(copy.freeze());
+            done(compact(copy));
         }
         self.done = None;
         self._guard = None;

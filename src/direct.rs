@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -562,7 +562,9 @@ impl Pass for PolledPass {
                     .entry(at)
                     .or_insert_with(|| {
                         crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
-                            .map(|(frame, snapshot)| (chunk(&frame), snapshot))
+                            .map(|(frame, snapshot)| {
+                                (counted(chunk(&frame), resource.held()), snapshot)
+                            })
                     })
                     .clone()
             }
@@ -644,6 +646,37 @@ fn deliver(entry: &Entry, pass: &dyn Pass, tally: &mut Tally) {
 fn hand_back(link: &Link) {
     link.state.store(RETURNED, Release);
     link.returned.notify_one();
+}
+
+/// Chunks at least this large are counted against `--state-bytes` while
+/// they are held (a snapshot's chunk for laggards is a copy of its body).
+const COUNTED_CHUNK: usize = 64 * 1024;
+
+/// `bytes`, counted in `held` for as long as any copy of it lives.
+fn counted(bytes: Bytes, held: Arc<AtomicUsize>) -> Bytes {
+    if bytes.len() < COUNTED_CHUNK {
+        return bytes;
+    }
+    held.fetch_add(bytes.len(), Relaxed);
+    Bytes::from_owner(Held { bytes, held })
+}
+
+/// The owner of a counted chunk: uncounts it when the last copy goes.
+struct Held {
+    bytes: Bytes,
+    held: Arc<AtomicUsize>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes.len(), Relaxed);
+    }
 }
 
 /// `data` as one HTTP/1.1 chunk.

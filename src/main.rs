@@ -8,6 +8,12 @@ use braid_proxy::server::Server;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc gives the memory of dropped state back to the system, with
+/// its background purging thread; glibc's malloc kept most of it
+/// (BENCHMARKS.md, "Memory within --state-bytes").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let config = match Config::from_args(args) {
@@ -25,6 +31,12 @@ fn main() -> ExitCode {
         LogFormat::Text => logs.init(),
         // One JSON object per line: time, level, target, message and fields.
         LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+    // jemalloc's purging thread returns freed pages within seconds; with
+    // one worker the process keeps to one thread, and pages are returned
+    // as the allocator is used.
+    if config.workers != 1 {
+        let _ = tikv_jemalloc_ctl::background_thread::write(true);
     }
     // One worker is the single-threaded runtime. It runs woken tasks in
     // order, so an h2c connection writes after all its streams have run:

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub upstream_reconnects_total: AtomicU64,
     pub state_bytes: AtomicI64,
     pub state_evictions_total: AtomicU64,
+    pub state_refusals_total: AtomicU64,
     pub cache_hits_total: AtomicU64,
     pub cache_misses_total: AtomicU64,
     pub cache_revalidated_total: AtomicU64,
@@ -135,7 +136,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 26] = [
+        let counters: [(&str, &AtomicU64, &str); 27] = [
             (
                 "bytes_sent_total",
                 &self.bytes_sent_total,
@@ -160,6 +161,11 @@ impl Metrics {
                 "state_evictions_total",
                 &self.state_evictions_total,
                 "Idle resources evicted to keep tracked state under --state-bytes.",
+            ),
+            (
+                "state_refusals_total",
+                &self.state_refusals_total,
+                "New resources refused (503, or a GET answer not stored) because resources in use hold --state-bytes.",
             ),
             (
                 "cache_hits_total",

@@ -71,7 +71,7 @@ pub struct Relays {
     /// Live sessions by URL (path and query); each knows its full key.
     sessions: Mutex<HashMap<String, Vec<Arc<Session>>>>,
     /// Bytes held by all sessions' windows, bounded by `--history-bytes`.
-    window_bytes: AtomicUsize,
+    window_bytes: Arc<AtomicUsize>,
     closing: watch::Receiver<bool>,
 }
 
@@ -367,7 +367,7 @@ impl Relays {
             metrics,
             registry,
             sessions: Mutex::default(),
-            window_bytes: AtomicUsize::new(0),
+            window_bytes: Arc::default(),
             closing,
         }
     }
@@ -678,6 +678,11 @@ impl Relays {
         };
         Metrics::inc(&self.metrics.cache_hits_total);
         Some(serve_known(req, &known, proxy_id))
+    }
+
+    /// The bytes all relayed windows hold now (counted against `--state-bytes`).
+    pub fn window_bytes(&self) -> Arc<AtomicUsize> {
+        self.window_bytes.clone()
     }
 
     /// Records a write through this proxy to `path`: plain GETs go

@@ -97,6 +97,11 @@ impl Head {
         }
     }
 
+    /// Whether [`Head::snapshot`] was built (and is held).
+    pub fn has_snapshot(&self) -> bool {
+        self.snapshot.get().is_some()
+    }
+
     /// The whole state as one update, encoded once per head.
     pub fn snapshot(&self) -> Bytes {
         self.snapshot
@@ -217,9 +222,10 @@ impl History {
         }
     }
 
-    /// Bytes currently held by all windows.
+    /// Bytes currently held by all windows and the collapsed updates
+    /// kept for laggards.
     pub fn weighted_size(&self) -> u64 {
-        self.steps.weighted_size()
+        self.steps.weighted_size() + self.catch_ups.weighted_size()
     }
 
     /// Steps evicted from the windows to keep them under `--history-bytes`.
@@ -272,6 +278,8 @@ pub struct Resource {
     detached: std::sync::atomic::AtomicBool,
     /// Bytes counted for this resource in the registry's total.
     weight: std::sync::atomic::AtomicUsize,
+    /// Set when the registry dropped it: its bytes are no longer counted.
+    gone: std::sync::atomic::AtomicBool,
     total: Arc<std::sync::atomic::AtomicUsize>,
     window: Mutex<Window>,
     /// Wakes the watcher for an immediate revalidation.
@@ -367,6 +375,7 @@ impl Resource {
             uncacheable: false.into(),
             detached: false.into(),
             weight: weight.into(),
+            gone: false.into(),
             total,
             window: Mutex::default(),
             wake: Notify::new(),
@@ -375,6 +384,17 @@ impl Resource {
             publishing: Mutex::new(Ticket(0)),
             direct: Arc::default(),
         }
+    }
+
+    /// The registry's count of held bytes, for copies made from this
+    /// resource that outlive a call (they add and remove themselves).
+    pub fn held(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.total.clone()
+    }
+
+    /// Whether the registry dropped it (evicted, refused or idle).
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Relaxed)
     }
 
     /// The upstream path and query of this resource.
@@ -404,19 +424,27 @@ impl Resource {
         }
     }
 
-    /// Recounts this resource's bytes (key, stored body, head body) in the total.
-    fn reweigh(&self) {
+    /// Recounts this resource's bytes in the total: key, head body, the
+    /// head's frames (its update and, once built, its snapshot), and the
+    /// stored body when it is not the head's.
+    pub(crate) fn reweigh(&self) {
         let head = self.head();
         let head_body = head.body();
         let stored_len = match lock(&self.stored).as_ref() {
             Some(s) if s.body.as_ptr() != head_body.as_ptr() => s.body.len(),
             _ => 0,
         };
+        let frames =
+            head.update.as_ref().map_or(0, Bytes::len) + head.snapshot.get().map_or(0, Bytes::len);
         let weight = self.key.len()
             + self.secondary.len()
             + RESOURCE_OVERHEAD
             + head_body.len()
+            + frames
             + stored_len;
+        if self.gone.load(Relaxed) {
+            return;
+        }
         let old = self.weight.swap(weight, Relaxed);
         if weight >= old {
             self.total.fetch_add(weight - old, Relaxed);
@@ -642,25 +670,26 @@ impl Resource {
             snapshot: OnceLock::new(),
         };
         let frame = match &patches {
-            Some(patches) if previous.seq > 0 => braid::encode(&Update {
+            // The first state has no parent: every subscriber starts from a
+            // snapshot, built when the first one needs it.
+            _ if previous.seq == 0 => None,
+            Some(patches) => Some(braid::encode(&Update {
                 status: head.status(),
                 version: head.version.clone(),
                 parents: previous.version.clone(),
                 body: braid::Body::Patches(patches.clone()),
                 extra_headers: Vec::new(),
-            }),
-            _ if previous.seq > 0 => braid::encode(&Update {
+            })),
+            None => Some(braid::encode(&Update {
                 status: head.status(),
                 version: head.version.clone(),
                 parents: previous.version.clone(),
                 body: braid::Body::Snapshot(head.body()),
                 extra_headers: head.snapshot_headers(),
-            }),
-            // The first state has no parent: every subscriber starts from a snapshot.
-            _ => head.snapshot(),
+            })),
         };
-        head.update = Some(frame.clone());
-        self.remember(seq, &head.version, patches, frame.len(), history);
+        head.update = frame;
+        self.remember(seq, &head.version, patches, history);
         Metrics::inc(&metrics.updates_published_total);
         self.head.send_replace(Arc::new(head));
         self.direct.published();
@@ -668,16 +697,22 @@ impl Resource {
         true
     }
 
+    /// Keeps the step to `seq` in the window: its patches, weighed by what
+    /// they hold (its frame is the head's while it is the head, and counted
+    /// there).
     fn remember(
         &self,
         seq: u64,
         version: &VersionList,
         patches: Option<Vec<Patch>>,
-        frame_len: usize,
         history: &History,
     ) {
-        let patch_bytes: usize = patches.iter().flatten().map(|p| p.content.len() + 16).sum();
-        let weight = u32::try_from(frame_len + patch_bytes + 64).unwrap_or(u32::MAX);
+        let patch_bytes: usize = patches
+            .iter()
+            .flatten()
+            .map(|p| p.content.len() + p.range.len() + 48)
+            .sum();
+        let weight = u32::try_from(patch_bytes + 64).unwrap_or(u32::MAX);
         history.steps.insert(
             (self.id, seq),
             Arc::new(Step {
@@ -940,7 +975,13 @@ pub struct Registry {
     total: Arc<std::sync::atomic::AtomicUsize>,
     limits: RegistryLimits,
     metrics: Arc<Metrics>,
+    /// Bytes held outside the resources' own weights (windows, relayed
+    /// windows, copies of answers in flight), counted against the same cap.
+    others: Mutex<Vec<HeldElsewhere>>,
 }
+
+/// Reads the bytes one other holder keeps now.
+type HeldElsewhere = Box<dyn Fn() -> usize + Send + Sync>;
 
 impl Registry {
     pub fn new(metrics: Arc<Metrics>, limits: RegistryLimits) -> Registry {
@@ -951,7 +992,15 @@ impl Registry {
             total: Arc::default(),
             limits,
             metrics,
+            others: Mutex::default(),
         }
+    }
+
+    /// Whether `key` is tracked now.
+    fn is_tracked(&self, key: &Key) -> bool {
+        lock(&self.urls)
+            .get(&key.path)
+            .is_some_and(|v| v.by_key.contains_key(&key.secondary))
     }
 
     /// The key of a request for `path` from `host`, under the `Vary` the
@@ -1005,6 +1054,14 @@ impl Registry {
         template: impl FnOnce() -> HeaderMap,
         with: impl FnOnce(&Arc<Resource>) -> T,
     ) -> Result<(Arc<Resource>, bool, T), Refusal> {
+        if !self.is_tracked(key) && self.is_full() {
+            // New state over the cap: make room, or refuse it.
+            self.enforce_cap();
+            if self.is_full() {
+                Metrics::inc(&self.metrics.state_refusals_total);
+                return Err(state_full(self.limits.state_bytes));
+            }
+        }
         let mut urls = lock(&self.urls);
         let variants = urls.entry(key.path.clone()).or_default();
         if let Some(r) = variants.by_key.get(&key.secondary) {
@@ -1153,13 +1210,43 @@ impl Registry {
     fn drop_resource(&self, resource: &Arc<Resource>) {
         self.unlink(resource);
         drop(lock(&resource.slot).take());
+        // Never counted again, whatever is still recorded into it.
+        resource.gone.store(true, Relaxed);
+        resource.wake.notify_one();
         let weight = resource.weight.swap(0, Relaxed);
         self.total.fetch_sub(weight, Relaxed);
     }
 
-    /// Bytes held by all tracked states.
+    /// Drops a resource just made, when the proxy is over `--state-bytes`
+    /// once idle resources are evicted: the new state is refused (503).
+    pub fn refuse_if_full(&self, resource: &Arc<Resource>) -> Result<(), Refusal> {
+        if !self.is_full() {
+            return Ok(());
+        }
+        self.enforce_cap();
+        if !self.is_full() {
+            return Ok(());
+        }
+        self.drop_resource(resource);
+        Metrics::inc(&self.metrics.state_refusals_total);
+        Err(state_full(self.limits.state_bytes))
+    }
+
+    /// Bytes held by all tracked states and by the holders registered
+    /// with [`Registry::count_also`]: what `--state-bytes` caps.
     pub fn state_bytes(&self) -> usize {
-        self.total.load(Relaxed)
+        let others: usize = lock(&self.others).iter().map(|held| held()).sum();
+        self.total.load(Relaxed) + others
+    }
+
+    /// Whether more than `--state-bytes` is held.
+    pub fn is_full(&self) -> bool {
+        self.state_bytes() > self.limits.state_bytes
+    }
+
+    /// Counts the bytes `held` reads against the cap too.
+    pub fn count_also(&self, held: impl Fn() -> usize + Send + Sync + 'static) {
+        lock(&self.others).push(Box::new(held));
     }
 
     /// Evicts the least recently used resources that have neither
@@ -1194,6 +1281,15 @@ impl Registry {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+fn state_full(limit: usize) -> Refusal {
+    Refusal::Unavailable {
+        reason: format!(
+            "the proxy's state is full: resources in use hold its --state-bytes ({limit} bytes); retry later"
+        ),
+        retry_after: Duration::from_secs(5),
     }
 }
 

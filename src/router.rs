@@ -99,6 +99,15 @@ impl Router {
         let cors = Cors::new(config.cors_origins.clone());
         let writes = Writes::new(watchers.clone(), &config);
         let state_bytes = config.state_bytes;
+        let copies = Arc::new(body::CopyBudget::new(state_bytes / 4));
+        // Every byte held counts against --state-bytes: windows, relayed
+        // windows, and copies of answers being stored.
+        let windows = watchers.history.clone();
+        registry.count_also(move || usize::try_from(windows.weighted_size()).unwrap_or(usize::MAX));
+        let relayed = relays.window_bytes();
+        registry.count_also(move || relayed.load(std::sync::atomic::Ordering::Relaxed));
+        let in_flight = copies.clone();
+        registry.count_also(move || in_flight.used());
         let multiplexers = Multiplexers::new(multiplex::Limits {
             max_multiplexers: config.max_multiplexers,
             max_requests: config.max_multiplexed_requests,
@@ -117,7 +126,7 @@ impl Router {
             cors,
             writes,
             multiplexers,
-            copies: Arc::new(body::CopyBudget::new(state_bytes / 4)),
+            copies,
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -504,10 +513,10 @@ impl Router {
         // Twice at most: the first answer may name a `Vary` under which
         // this request is another variant than the resource it waited on.
         let mut attempts = 0;
-        let (resource, rx) = loop {
+        let (resource, rx, created) = loop {
             attempts += 1;
             let key = inner.registry.key_for(&path, &headers, &host);
-            let (resource, _, rx) =
+            let (resource, created, rx) =
                 inner
                     .registry
                     .get_or_create(&key, || template.clone(), |r| r.subscribe())?;
@@ -524,6 +533,10 @@ impl Router {
                     .seed(&resource, response, timing, ticket)
                     .await;
                 drop(seeding);
+                if created {
+                    // Its first state may have put the proxy over --state-bytes.
+                    inner.registry.refuse_if_full(&resource)?;
+                }
             }
             let generation = resource.validation().generation;
             if !seeded {
@@ -547,9 +560,13 @@ impl Router {
             // Another request's answer seeded it: is it this request's variant?
             let rekeyed = inner.registry.key_for(&path, &headers, &host) != key;
             if seeded || claimed || !rekeyed || attempts == 2 {
-                break (resource, rx);
+                break (resource, rx, created);
             }
         };
+        if created {
+            // Its first state may have put the proxy over --state-bytes.
+            inner.registry.refuse_if_full(&resource)?;
+        }
         if resource.head().seq == 0 {
             return Err(resource.refusal().unwrap_or_else(|| Refusal::UpstreamBroken(
                 "no state for this resource yet: the origin could not be reached or gave an unusable answer".into(),
@@ -828,7 +845,10 @@ async fn fetch(
                 .registry
                 .get_or_create(&key, || template, |_| ())
                 .map(|(r, _, ())| r)
-                .map_err(|_| "private cap")
+                .map_err(|_| match inner.registry.is_full() {
+                    true => "state full",
+                    false => "private cap",
+                })
         }
     };
     let detail = match target {
@@ -946,10 +966,14 @@ async fn fetch_whole(
     use http_body_util::BodyExt;
     let (parts, body) = response.into_parts();
     let limit = inner.config.max_body_bytes;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     let read = async move {
         use bytes::Buf;
         let mut body = body;
-        let mut buf = bytes::BytesMut::new();
+        let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| format!("origin body failed: {e}"))?;
             if let Ok(data) = frame.into_data() {
@@ -959,7 +983,7 @@ async fn fetch_whole(
                 buf.extend_from_slice(data.chunk());
             }
         }
-        Ok::<_, String>(buf.freeze())
+        Ok::<_, String>(body::compact(buf))
     };
     let bytes = match tokio::time::timeout(inner.config.response_timeout, read).await {
         Ok(Ok(bytes)) => bytes,

@@ -377,7 +377,15 @@ pub fn frame_from(
     };
     Some(match frame {
         Some(frame) => (frame, false),
-        None => (head.snapshot(), true),
+        None => {
+            let built = !head.has_snapshot();
+            let snapshot = head.snapshot();
+            if built && resource.head().seq == head.seq {
+                // A new copy held by the head: counted.
+                resource.reweigh();
+            }
+            (snapshot, true)
+        }
     })
 }
 

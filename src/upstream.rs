@@ -73,7 +73,7 @@ impl Watchers {
         let mut woken = !seeded; // the creator wants a first state
         let mut skip = seeded;
         loop {
-            if self.shutting_down() {
+            if self.shutting_down() || w.resource.is_gone() {
                 return;
             }
             let subscribed = w.resource.subscribers() > 0;

@@ -332,3 +332,43 @@ async fn the_private_cap_refuses_with_503_and_its_count_never_drifts() {
     assert!(ok.starts_with("HTTP/1.1 209"), "{ok}");
     assert!(metric(p.admin, "resources_private").await <= 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_state_over_the_state_cap_is_refused_and_the_count_stays_near_it() {
+    // A 1.5 MiB document at every URL: each subscription is new state.
+    let body = bytes::Bytes::from(vec![b'x'; 1536 * 1024]);
+    let origin =
+        common::serve(move |_| http::Response::new(http_body_util::Full::new(body.clone()))).await;
+    let cap = 4 * 1024 * 1024;
+    let (addr, admin) = common::proxy_for(origin, |c| c.state_bytes = cap).await;
+    let (mut held, mut refused) = (Vec::new(), Vec::new());
+    for i in 0..6 {
+        let path = format!("/doc{i}");
+        let response = common::get(addr, &path, &[("subscribe", "true")]).await;
+        match response.status().as_u16() {
+            209 => held.push(response),
+            503 => {
+                let text = common::body_of(response).await;
+                refused.push(String::from_utf8_lossy(&text).into_owned());
+            }
+            other => panic!("subscription {i}: {other}"),
+        }
+    }
+    assert!(!held.is_empty(), "the first ones fit");
+    assert!(
+        !refused.is_empty(),
+        "six 1.5 MiB variants do not fit in 4 MiB"
+    );
+    for reason in &refused {
+        assert!(reason.contains("--state-bytes"), "{reason}");
+        assert_eq!(reason.trim_end().lines().count(), 1, "{reason}");
+    }
+    // Held bytes stay within the cap plus the one document that crossed it
+    // (body and its snapshot frame).
+    let bytes = metric(admin, "state_bytes").await;
+    assert!(bytes <= (cap + 2 * 1536 * 1024) as f64, "{bytes}");
+    assert_eq!(
+        metric(admin, "state_refusals_total").await,
+        refused.len() as f64
+    );
+}
