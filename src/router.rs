@@ -130,6 +130,21 @@ impl Router {
         &self.inner.metrics
     }
 
+    /// What the operator's page shows, read now ([`crate::status`]);
+    /// `started` is when the admin listener started.
+    pub fn status(&self, started: Instant) -> crate::status::Status {
+        let inner = &self.inner;
+        let sources = crate::status::Sources {
+            config: &inner.config,
+            metrics: &inner.metrics,
+            registry: &inner.registry,
+            relays: &inner.relays,
+            history: &inner.watchers.history,
+            health: &inner.client.health,
+        };
+        crate::status::Status::read(sources, started)
+    }
+
     /// The metrics in Prometheus text format, with the gauges read now.
     pub fn render_metrics(&self) -> String {
         let weight = self.inner.watchers.history.weighted_size();

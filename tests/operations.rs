@@ -162,10 +162,70 @@ async fn the_admin_token_guards_metrics_and_refresh() {
     ] {
         assert!(ok.contains(metric), "{metric} missing");
     }
+    // The operator's page and its data follow the same rule.
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    for path in ["/", "/status"] {
+        let denied = call(admin, path, "").await;
+        assert!(denied.starts_with("HTTP/1.1 401"), "{path}: {denied}");
+        let ok = call(admin, path, &bearer).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{path}: {ok}");
+    }
     // Health checks stay open to load balancers.
     assert!(call(admin, "/healthz", "")
         .await
         .starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn status_lists_subscribed_resources_with_their_subscribers() {
+    let origin = common::serve(|_| {
+        let mut r = Response::new(Full::new(Bytes::from("doc")));
+        r.headers_mut()
+            .insert("etag", http::HeaderValue::from_static("\"e1\""));
+        r
+    })
+    .await;
+    let (client, admin) = start(origin, |_| {}).await;
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let mut sub = TcpStream::connect(client).await.expect("connect");
+        sub.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n")
+            .await
+            .expect("write");
+        let mut head = [0u8; 12];
+        sub.read_exact(&mut head).await.expect("head");
+        assert_eq!(&head, b"HTTP/1.1 209");
+        subs.push(sub);
+    }
+    let deadline = Instant::now() + WAIT;
+    let doc = loop {
+        let answer = call(admin, "/status", "").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let json = answer.split("\r\n\r\n").nth(1).expect("a body");
+        let status: serde_json::Value = serde_json::from_str(json).expect("JSON");
+        let doc = status["resources"]
+            .as_array()
+            .and_then(|list| list.iter().find(|r| r["path"] == "/doc").cloned());
+        if let Some(doc) = doc.filter(|d| d["subscribers"] == 3 && d["version"] == "\"e1\"") {
+            assert!(status["upstream"]["healthy"].as_bool().expect("healthy"));
+            let caps = status["memory"].as_array().expect("memory");
+            assert!(
+                caps.iter().any(|g| g["flag"] == "--state-bytes"
+                    && g["cap"] == 256 * 1024 * 1024
+                    && g["used"].as_u64().is_some_and(|u| u > 0)),
+                "{caps:?}"
+            );
+            break doc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no /doc with 3 subscribers: {json}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(doc["feed"], "poll", "{doc}");
+    assert_eq!(doc["healthy"], true, "{doc}");
+    drop(subs);
 }
 
 #[test]
