@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     // A bad configuration is reported in the format it asked for, when the
     // flag says (a config file's own `log-format` is not known yet).
-    let json_flag = args.log_format.as_deref().map(str::trim) == Some("json");
+    let json_flag = args.log_format.last().map(|f| f.trim()) == Some("json");
     let config = match Config::from_args(args) {
         Ok(config) => config,
         Err(e) => {

@@ -279,6 +279,22 @@ fn the_sample_configuration_names_every_key_and_parses() {
         .expect("every key parses");
 }
 
+#[test]
+fn the_sample_configuration_is_generated_from_the_declarations() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/deploy/braid-proxy.toml");
+    let generated = braid_proxy::config::sample_toml();
+    if std::env::var_os("BRAID_PROXY_WRITE_SAMPLE").is_some() {
+        std::fs::write(&path, &generated).expect("write the sample");
+    }
+    let text = std::fs::read_to_string(&path).expect("examples/deploy/braid-proxy.toml");
+    assert!(
+        text == generated,
+        "examples/deploy/braid-proxy.toml differs from config::sample_toml(); regenerate it with \
+         BRAID_PROXY_WRITE_SAMPLE=1 cargo test --test operations the_sample_configuration_is_generated"
+    );
+}
+
 /// Starts the binary with its demo origin and `args`, stdout and stderr
 /// piped; returns it, the client address its banner names (the text line
 /// or, with `--log-format json`, the banner event), and the banner line.
