@@ -347,18 +347,14 @@ fn json_logs_are_one_object_per_line_on_stdout_and_stderr() {
         spawn_binary(&["--log-format", "json", "--admin-listen", "127.0.0.1:0"]);
     let banner = &json_lines(&banner, "stdout")[0];
     assert_eq!(banner["message"], "braid-proxy listening", "{banner}");
-    assert!(
-        banner["admin"]
-            .as_str()
-            .is_some_and(|a| a.starts_with("http://127.0.0.1:")),
-        "{banner}"
-    );
-    assert!(
-        banner["upstream"]
-            .as_str()
-            .is_some_and(|u| u.starts_with("http://127.0.0.1:")),
-        "{banner}"
-    );
+    for field in ["admin", "upstream"] {
+        assert!(
+            banner[field]
+                .as_str()
+                .is_some_and(|a| a.starts_with("http://127.0.0.1:")),
+            "{field}: {banner}"
+        );
+    }
     assert_eq!(banner["demo"], true, "{banner}");
     // One request, so that an access line is logged.
     let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
