@@ -90,6 +90,7 @@ pub struct Gauge {
 /// One tracked resource.
 #[derive(Debug, Serialize)]
 pub struct ResourceStatus {
+    /// The path, and the query's names with their values hidden.
     pub path: String,
     /// `poll` (a plain origin, polled and diffed), `braid` (an upstream
     /// subscription relayed) or `unknown` (no answer has told yet).
@@ -205,6 +206,22 @@ impl Status {
     }
 }
 
+/// A path and query with the query's values hidden: they may carry a
+/// client's secrets (`?token=...`), which the page must not show.
+fn redact_query(path_and_query: &str) -> String {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return path_and_query.to_string();
+    };
+    let names: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) => format!("{name}=…"),
+            None => "…".to_string(),
+        })
+        .collect();
+    format!("{path}?{}", names.join("&"))
+}
+
 fn secs(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0).round() / 1000.0
 }
@@ -240,7 +257,7 @@ fn polled(from: &Sources<'_>, config: &Config) -> Vec<ResourceStatus> {
                 (_, Some(age)) => (format!("polled {:.1} s ago", age.as_secs_f64()), true),
             };
             ResourceStatus {
-                path: r.key().to_string(),
+                path: redact_query(r.key()),
                 feed: match r.kind() {
                     Kind::Plain => "poll",
                     Kind::Braid => "braid",
@@ -272,7 +289,7 @@ fn relayed(relays: &Relays) -> Vec<ResourceStatus> {
                 (Some(true), false) => ("upstream stream live", true),
             };
             ResourceStatus {
-                path: s.path,
+                path: redact_query(&s.path),
                 feed: "braid",
                 private: s.private,
                 version: s.version.map(|v| v.to_header_value()),
@@ -283,4 +300,18 @@ fn relayed(relays: &Relays) -> Vec<ResourceStatus> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_query;
+
+    #[test]
+    fn query_values_are_hidden() {
+        assert_eq!(redact_query("/doc"), "/doc");
+        assert_eq!(
+            redact_query("/doc?token=secret&x=1&flag"),
+            "/doc?token=…&x=…&…"
+        );
+    }
 }
