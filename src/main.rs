@@ -10,10 +10,19 @@ use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    // A bad configuration is reported in the format it asked for, when the
-    // flag says (a config file's own `log-format` is not known yet).
-    let json_flag = args.log_format.last().map(|f| f.trim()) == Some("json");
+    // A bad command line or configuration is reported in the format it
+    // asked for, when the flag says (a config file's `log-format` is not
+    // known yet); `--help` and `--version` stay text.
+    let json_flag = asks_for_json(std::env::args());
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if json_flag && e.use_stderr() => {
+            init_logs(LogFormat::Json);
+            fatal(LogFormat::Json, e.render().to_string().trim_end());
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let config = match Config::from_args(args) {
         Ok(config) => config,
         Err(e) => {
@@ -57,6 +66,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether the command line says `--log-format json` (or `=json`).
+fn asks_for_json(args: impl Iterator<Item = String>) -> bool {
+    let mut json = false;
+    let mut value_next = false;
+    for arg in args {
+        if value_next {
+            json = arg.trim() == "json";
+        }
+        value_next = arg == "--log-format";
+        if let Some(value) = arg.strip_prefix("--log-format=") {
+            json = value.trim() == "json";
+        }
+    }
+    json
 }
 
 /// The target of the listening banner's event in JSON format; it goes to

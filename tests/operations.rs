@@ -397,22 +397,31 @@ fn json_logs_are_one_object_per_line_on_stdout_and_stderr() {
         "{stderr:?}"
     );
 
-    // A configuration error is a JSON event too.
-    let refused = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
-        .args(["--log-format", "json", "--listen", "nowhere"])
-        .output()
-        .expect("run the binary");
-    assert_eq!(refused.status.code(), Some(2));
-    assert!(refused.stdout.is_empty());
-    let error = json_lines(&String::from_utf8_lossy(&refused.stderr), "stderr");
-    assert_eq!(error.len(), 1, "{error:?}");
-    assert!(
-        error[0]["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("`listen`")),
-        "{}",
-        error[0]
-    );
+    // A configuration error, or a flag that does not exist, is a JSON event too.
+    for (args, says) in [
+        (
+            &["--log-format", "json", "--listen", "nowhere"][..],
+            "`listen`",
+        ),
+        (
+            &["--log-format=json", "--no-such-flag"][..],
+            "--no-such-flag",
+        ),
+    ] {
+        let refused = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+            .args(args)
+            .output()
+            .expect("run the binary");
+        assert_eq!(refused.status.code(), Some(2));
+        assert!(refused.stdout.is_empty());
+        let error = json_lines(&String::from_utf8_lossy(&refused.stderr), "stderr");
+        assert_eq!(error.len(), 1, "{error:?}");
+        assert!(
+            error[0]["error"].as_str().is_some_and(|e| e.contains(says)),
+            "{}",
+            error[0]
+        );
+    }
 }
 
 #[test]
