@@ -185,9 +185,10 @@ impl Status {
                 unit: "count",
             },
         ];
-        let mut resources = polled(&from, config);
-        resources.extend(relayed(from.relays));
-        let resources_total = resources.len();
+        let (mut resources, tracked) = polled(&from, config);
+        let relayed = relayed(from.relays);
+        let resources_total = tracked + relayed.len();
+        resources.extend(relayed);
         resources.sort_by(|a, b| {
             b.subscribers
                 .cmp(&a.subscribers)
@@ -226,16 +227,27 @@ fn secs(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0).round() / 1000.0
 }
 
-/// The registry's resources: polled (or not yet known) variants.
-fn polled(from: &Sources<'_>, config: &Config) -> Vec<ResourceStatus> {
+/// The registry's resources, polled (or not yet known) variants: the
+/// [`MAX_LISTED`] most subscribed, described, and how many there are.
+fn polled(from: &Sources<'_>, config: &Config) -> (Vec<ResourceStatus>, usize) {
     // As `/readyz`: three poll intervals without a successful poll is stale.
     let stale_after = config.poll_interval.max(Duration::from_secs(1)) * 3;
-    from.registry
+    let mut all: Vec<_> = from
+        .registry
         .all()
         .into_iter()
-        .map(|r| {
+        .map(|r| (r.subscribers(), r))
+        .collect();
+    let tracked = all.len();
+    // Only those that can be listed are described.
+    if all.len() > MAX_LISTED {
+        all.select_nth_unstable_by(MAX_LISTED, |(a, _), (b, _)| b.cmp(a));
+        all.truncate(MAX_LISTED);
+    }
+    let listed = all
+        .into_iter()
+        .map(|(subscribers, r)| {
             let head = r.head();
-            let subscribers = r.subscribers();
             let ok_age = r.validation().ok_at.map(|at| at.elapsed());
             let (health, healthy) = match (&head.state, ok_age) {
                 (State::Error { status, reason }, _) => {
@@ -271,7 +283,8 @@ fn polled(from: &Sources<'_>, config: &Config) -> Vec<ResourceStatus> {
                 healthy,
             }
         })
-        .collect()
+        .collect();
+    (listed, tracked)
 }
 
 /// The relayed upstream subscriptions (those that found a plain origin
