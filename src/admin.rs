@@ -1,7 +1,8 @@
-//! The operations listener: `/metrics`, `/healthz`, `/readyz` and
-//! `POST /refresh?path=/x`.
+//! The operations listener: the operator's page (`/`, which polls
+//! `/status`), `/metrics`, `/healthz`, `/readyz` and `POST /refresh?path=/x`.
 
 use std::convert::Infallible;
+use std::time::Instant;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -17,6 +18,7 @@ use crate::router::Router;
 /// Serves the admin listener until the task is aborted, probing the
 /// upstream in the background so that `/readyz` follows it.
 pub async fn serve(listener: TcpListener, router: Router) {
+    let started = std::time::Instant::now();
     let prober = router.clone();
     let probes = tokio::spawn(async move {
         let every = prober.config().poll_interval.clamp(
@@ -46,7 +48,7 @@ pub async fn serve(listener: TcpListener, router: Router) {
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let router = router.clone();
-                async move { Ok::<_, Infallible>(handle(req, &router).await) }
+                async move { Ok::<_, Infallible>(handle(req, &router, started).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -82,7 +84,11 @@ fn authorized(req: &Request<Incoming>, token: Option<&str>) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn handle(req: Request<Incoming>, router: &Router) -> Response<Body> {
+/// The operator's page: self-contained (no external assets); it polls
+/// `/status` every second.
+const PAGE: &str = include_str!("status.html");
+
+async fn handle(req: Request<Incoming>, router: &Router, started: Instant) -> Response<Body> {
     // Liveness and readiness stay open to load balancers; the rest needs
     // the token when one is configured.
     let open = matches!(req.uri().path(), "/healthz" | "/readyz");
@@ -97,6 +103,12 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Body> {
         return r;
     }
     let result = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/") => Ok(text(
+            StatusCode::OK,
+            PAGE.into(),
+            "text/html; charset=utf-8",
+        )),
+        (&Method::GET, "/status") => Ok(status(router, started)),
         (&Method::GET, "/metrics") => Ok(text(
             StatusCode::OK,
             router.render_metrics(),
@@ -111,7 +123,9 @@ async fn handle(req: Request<Incoming>, router: &Router) -> Response<Body> {
                 "text/plain",
             ),
         }),
-        (_, "/metrics" | "/healthz" | "/readyz") => Err(Refusal::MethodNotAllowed("GET")),
+        (_, "/" | "/status" | "/metrics" | "/healthz" | "/readyz") => {
+            Err(Refusal::MethodNotAllowed("GET"))
+        }
         (&Method::POST, "/refresh") => refresh(&req, router),
         (_, "/refresh") => Err(Refusal::MethodNotAllowed("POST")),
         _ => Err(Refusal::NotFound),
@@ -139,6 +153,23 @@ fn refresh(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, R
         "not tracked; nothing to refresh\n"
     };
     Ok(text(StatusCode::ACCEPTED, msg.into(), "text/plain"))
+}
+
+/// `GET /status`: the page's data as JSON, never cached.
+fn status(router: &Router, started: Instant) -> Response<Body> {
+    match serde_json::to_string(&router.status(started)) {
+        Ok(json) => {
+            let mut r = text(StatusCode::OK, json, "application/json");
+            r.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            r
+        }
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("status not serializable: {e}\n"),
+            "text/plain",
+        ),
+    }
 }
 
 fn text(status: StatusCode, body_text: String, content_type: &'static str) -> Response<Body> {

@@ -1,6 +1,9 @@
 //! Configuration: command-line flags and an optional TOML file merged into
-//! one validated [`Config`]. Every key of the file has the name of its flag
-//! (without the leading `--`); flags override the file. Errors name the key.
+//! one validated [`Config`]. Every key is declared once, in
+//! `declare_keys!` below: its field, its flag (which is also its TOML key),
+//! its default, its parser, its help text and its line in the sample
+//! configuration ([`sample_toml`], `examples/deploy/braid-proxy.toml`).
+//! Flags override the file. Errors name the key.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,133 +21,291 @@ pub enum ConfigError {
     UnknownKey { path: PathBuf, key: String },
     #[error("invalid value for `{key}`: {reason}")]
     Value { key: &'static str, reason: String },
+    #[error("there is no configuration key `{0}`")]
+    NoSuchKey(String),
 }
 
-/// The command line. Every value is optional here so that the config file
-/// can supply it; defaults live in [`Config::default`].
-#[derive(Debug, Default, Parser)]
-#[command(
-    name = "braid-proxy",
-    version,
-    about = "A reverse proxy that serves a plain REST origin's resources as Braid-HTTP subscriptions.",
-    long_about = "A reverse proxy that serves a plain REST origin's resources as Braid-HTTP \
+/// What the sample configuration and the documentation say of one key.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDoc {
+    /// The part of the sample configuration it is shown in.
+    pub section: &'static str,
+    /// The flag without `--`, and the TOML key.
+    pub key: &'static str,
+    pub help: &'static str,
+    /// The default as shown in `--help` and the sample.
+    pub default: &'static str,
+    /// The value the sample shows, when it is not the default.
+    pub sample: Option<&'static str>,
+    /// The sample shows the key commented out.
+    pub commented: bool,
+}
+
+/// Declares every configuration key once, in sections (`["Name"]`). Each
+/// entry is
+///
+/// `field: Type, "flag-and-key", "VALUE", default ("text") | default (none "shown"),
+///  [sample ("value") | sample (# "commented value"),] [list = true,]
+///  [#[arg(extra clap attributes)]] parse parser, "help text";`
+///
+/// `list = true` marks a key whose flag may be repeated and whose file value may
+/// be a list: its values reach the parser joined with commas.
+///
+/// and makes the [`Config`] field, its default (the text given to its
+/// parser), the [`Args`] flag with its help and default, the entry of
+/// [`KEYS`] and [`KEY_DOCS`], and its arm of [`Config::set`].
+macro_rules! declare_keys {
+    (
+        $(
+            [$section:literal]
+            $(
+                $field:ident: $ty:ty, $key:literal, $value:literal,
+                default $default:tt,
+                $(sample $sample:tt,)?
+                $(list = $list:literal,)?
+                $(#[arg($($clap:tt)*)])?
+                parse $parse:expr,
+                $help:literal;
+            )*
+        )*
+    ) => {
+        /// The validated configuration.
+        #[derive(Debug, Clone)]
+        pub struct Config {
+            $($(
+                #[doc = $help]
+                pub $field: $ty,
+            )*)*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config {
+                    $($( $field: declare_keys!(@default $key, $default, $parse), )*)*
+                }
+            }
+        }
+
+        /// The command line. Every value is optional here so that the
+        /// config file can supply it; defaults live in [`Config::default`].
+        /// Each flag is a list so that a repeated one is refused naming its
+        /// key, or, for a list key, joined.
+        #[derive(Debug, Default, Parser)]
+        #[command(
+            name = "braid-proxy",
+            version,
+            about = "A reverse proxy that serves a plain REST origin's resources as Braid-HTTP subscriptions.",
+            long_about = "A reverse proxy that serves a plain REST origin's resources as Braid-HTTP \
 subscriptions. Without --upstream it starts an embedded demo origin.\n\n\
 Durations accept `250ms`, `1s`, `2m`, `1h` or a bare number of seconds; sizes accept \
 `512`, `64KiB`, `16MiB`, `1GiB`. RUST_LOG sets the log filter (default: info, one access-log \
 line per request)."
-)]
-pub struct Args {
-    /// Address to listen on for clients [default: 127.0.0.1:8080]
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// The origin, e.g. http://127.0.0.1:9000 or http://127.0.0.1:9000/api. Without it, an embedded demo origin is started
-    #[arg(long, value_name = "URL")]
-    pub upstream: Option<String>,
-    /// Address of the operations listener (/metrics, /healthz, /readyz, POST /refresh?path=) [default: off]
-    #[arg(long, value_name = "ADDR")]
-    pub admin_listen: Option<String>,
-    /// Bearer token the admin listener requires (Authorization: Bearer TOKEN); needed when it listens beyond loopback [default: none]
-    #[arg(long, value_name = "TOKEN", env = "BRAID_PROXY_ADMIN_TOKEN")]
-    pub admin_token: Option<String>,
-    /// Log format: `text`, or `json` for one JSON object per line [default: text]
-    #[arg(long, value_name = "FORMAT")]
-    pub log_format: Option<String>,
-    /// TOML file with the same keys as these flags; flags override it
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Timeout for connecting to the upstream [default: 5s]
-    #[arg(long, value_name = "DURATION")]
-    pub connect_timeout: Option<String>,
-    /// Timeout for the upstream's response headers [default: 30s]
-    #[arg(long, value_name = "DURATION")]
-    pub response_timeout: Option<String>,
-    /// Time a client has to send its request headers [default: 10s]
-    #[arg(long, value_name = "DURATION")]
-    pub header_read_timeout: Option<String>,
-    /// Largest request header block accepted; larger gets 431 [default: 16KiB]
-    #[arg(long, value_name = "SIZE")]
-    pub max_header_bytes: Option<String>,
-    /// Most request headers accepted; more gets 431 [default: 100]
-    #[arg(long, value_name = "N")]
-    pub max_headers: Option<String>,
-    /// How long in-flight requests may take to finish on shutdown [default: 10s]
-    #[arg(long, value_name = "DURATION")]
-    pub shutdown_grace: Option<String>,
-    /// Interval between conditional polls of a subscribed resource [default: 1s]
-    #[arg(long, value_name = "DURATION")]
-    pub poll_interval: Option<String>,
-    /// Updates kept per resource for resuming subscribers [default: 256]
-    #[arg(long, value_name = "N")]
-    pub history_len: Option<String>,
-    /// Bytes of history kept by all resources together [default: 64MiB]
-    #[arg(long, value_name = "SIZE")]
-    pub history_bytes: Option<String>,
-    /// Bytes of all tracked states (bodies and keys) together; idle ones are evicted least recently used first [default: 256MiB]
-    #[arg(long, value_name = "SIZE")]
-    pub state_bytes: Option<String>,
-    /// Unsent bytes the kernel may hold per client connection (TCP_NOTSENT_LOWAT); a stalled subscriber then resumes with one collapsed update. 0 = the system's setting [default: 16KiB]
-    #[arg(long, value_name = "SIZE")]
-    pub notsent_lowat: Option<String>,
-    /// Most resources tracked for one credential or not shareable; more get 503 [default: 10000]
-    #[arg(long, value_name = "N")]
-    pub max_private_resources: Option<String>,
-    /// Default heartbeat interval on subscriptions, 0 = off [default: 25s]
-    #[arg(long, value_name = "DURATION")]
-    pub heartbeat: Option<String>,
-    /// Most subscriptions at once; more get 503 [default: 100000]
-    #[arg(long, value_name = "N")]
-    pub max_subscriptions: Option<String>,
-    /// Most subscriptions to one resource; more get 503 [default: 100000]
-    #[arg(long, value_name = "N")]
-    pub max_subscriptions_per_resource: Option<String>,
-    /// Origin allowed by CORS; repeatable; `*` allows any
-    #[arg(long, value_name = "ORIGIN")]
-    pub cors_origin: Vec<String>,
-    /// How long a resource nobody subscribes to is kept [default: 30s]
-    #[arg(long, value_name = "DURATION")]
-    pub resource_idle: Option<String>,
-    /// Largest origin body the proxy tracks versions of [default: 16MiB]
-    #[arg(long, value_name = "SIZE")]
-    pub max_body_bytes: Option<String>,
-    /// Time budget of one diff; over it a snapshot is stored [default: 50ms]
-    #[arg(long, value_name = "DURATION")]
-    pub diff_timeout: Option<String>,
-    /// Store a snapshot when patches exceed this fraction of the new body [default: 0.9]
-    #[arg(long, value_name = "FRACTION")]
-    pub snapshot_ratio: Option<String>,
-    /// Most concurrent streams on one HTTP/2 connection; an edge following this proxy over h2c holds one per resource [default: 10000]
-    #[arg(long, value_name = "N")]
-    pub max_streams_per_connection: Option<String>,
-    /// Unused since subscriptions to a Braid upstream are relayed with the client's own Heartbeats; accepted for existing configurations [default: 20s]
-    #[arg(long, value_name = "DURATION")]
-    pub upstream_heartbeat: Option<String>,
-    /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream, so that all subscriptions to it share one connection; for tiers of braid-proxies [default: false]
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub upstream_h2c: Option<String>,
-    /// What the upstream is: `braid` (subscriptions are relayed as the upstream sends them), `rest` (polled and diffed by the proxy), or `auto` (learned from the first 209 or Braid response header) [default: auto]
-    #[arg(long, value_name = "KIND")]
-    pub upstream_kind: Option<String>,
-    /// How long downstream streams of a Braid upstream stay open while the proxy resumes an ended or broken upstream subscription itself; 0 ends them with it and clients resume with Parents [default: 0]
-    #[arg(long, value_name = "DURATION")]
-    pub hold_upstream_breaks: Option<String>,
-    /// braid-http's multiplexing: `terminate` (the proxy serves multiplexers itself, from its shared state: fan-out kept) or `relay` (multiplexer requests go to the upstream as they are, for a Braid upstream whose own multiplexer clients rely on; multiplexed subscriptions then each cost an upstream request) [default: terminate]
-    #[arg(long, value_name = "MODE")]
-    pub multiplex: Option<String>,
-    /// Most multiplexers open at once on this proxy; more get 503 [default: 1024]
-    #[arg(long, value_name = "N")]
-    pub max_multiplexers: Option<String>,
-    /// Most requests open at once inside one multiplexer; more get 503 [default: 256]
-    #[arg(long, value_name = "N")]
-    pub max_multiplexed_requests: Option<String>,
-    /// A multiplexer without any request for this long ends [default: 60s]
-    #[arg(long, value_name = "DURATION")]
-    pub multiplexer_idle: Option<String>,
-    /// This proxy's id in Via headers, used to detect loops [default: <hostname>:<listen port>]
-    #[arg(long, value_name = "ID")]
-    pub proxy_id: Option<String>,
-    /// Runtime worker threads: 0 = one per core; 1 = a single-threaded runtime, less CPU per delivery over h2c but later first deliveries [default: 0]
-    #[arg(long, value_name = "N")]
-    pub workers: Option<String>,
+        )]
+        pub struct Args {
+            $($(
+                #[arg(
+                    long = $key,
+                    value_name = $value,
+                    help = concat!($help, " [default: ", declare_keys!(@shown $default), "]")
+                    $(, $($clap)*)?
+                )]
+                pub $field: Vec<String>,
+            )*)*
+            /// TOML file with the same keys as these flags; flags override it
+            #[arg(long, value_name = "FILE")]
+            pub config: Option<PathBuf>,
+        }
+
+        /// Every key of the configuration file (the flag names without `--`).
+        pub const KEYS: &[&str] = &[$($($key,)*)*];
+
+        /// What the sample configuration says of every key, in its order.
+        pub const KEY_DOCS: &[KeyDoc] = &[$($(
+            KeyDoc {
+                section: $section,
+                key: $key,
+                help: $help,
+                default: declare_keys!(@shown $default),
+                sample: declare_keys!(@sample $($sample)?),
+                commented: declare_keys!(@commented $($sample)?),
+            },
+        )*)*];
+
+        impl Config {
+            /// Sets one key from its textual value (as a flag gives it).
+            pub fn set(&mut self, key: &str, v: &str) -> Result<(), ConfigError> {
+                match key {
+                    $($( $key => self.$field = ($parse)(v).map_err(|reason| bad($key, reason))?, )*)*
+                    _ => return Err(ConfigError::NoSuchKey(key.to_string())),
+                }
+                Ok(())
+            }
+
+            /// Sets every key given as a flag.
+            fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
+                $($(
+                    let list = declare_keys!(@list $($list)?);
+                    if args.$field.len() > 1 && !list {
+                        return Err(bad($key, "given more than once".into()));
+                    }
+                    if !args.$field.is_empty() {
+                        self.set($key, &args.$field.join(","))?;
+                    }
+                )*)*
+                Ok(())
+            }
+        }
+    };
+    (@default $key:literal, ($text:literal), $parse:expr) => {
+        match ($parse)($text) {
+            Ok(value) => value,
+            // A unit test parses every default.
+            Err(e) => panic!("the default of `{}` does not parse: {e}", $key),
+        }
+    };
+    (@default $key:literal, (none $shown:literal), $parse:expr) => {
+        Default::default()
+    };
+    (@shown ($text:literal)) => { $text };
+    (@shown (none $shown:literal)) => { $shown };
+    (@list) => { false };
+    (@list $list:literal) => { $list };
+    (@sample) => { None };
+    (@sample ($sample:literal)) => { Some($sample) };
+    (@sample (# $sample:literal)) => { Some($sample) };
+    (@commented) => { false };
+    (@commented ($sample:literal)) => { false };
+    (@commented (# $sample:literal)) => { true };
+}
+
+declare_keys! {
+    ["Listeners"]
+    listen: SocketAddr, "listen", "ADDR", default ("127.0.0.1:8080"), sample ("0.0.0.0:8080"),
+        parse parse_addr,
+        "Client listener: HTTP/1.1 and h2c (prior knowledge).";
+    upstream: Option<Upstream>, "upstream", "URL", default (none "the demo origin"),
+        sample ("http://127.0.0.1:9000"),
+        parse |v: &str| Upstream::parse(v).map(Some),
+        "The origin, e.g. http://127.0.0.1:9000 or http://127.0.0.1:9000/api: the only host the proxy ever reaches (not an open proxy). Without it, an embedded demo origin is started.";
+    admin_listen: Option<SocketAddr>, "admin-listen", "ADDR", default (none "off"),
+        sample ("127.0.0.1:9090"),
+        parse |v: &str| parse_addr(v).map(Some),
+        "Operations listener: the operator's page (/), /status, /metrics, /healthz, /readyz, POST /refresh?path=. Off loopback it needs admin-token.";
+    admin_token: Option<String>, "admin-token", "TOKEN", default (none "none"),
+        sample (# "change-me-to-a-long-random-string"),
+        #[arg(env = "BRAID_PROXY_ADMIN_TOKEN")]
+        parse admin_token,
+        "Bearer token the admin listener requires (Authorization: Bearer TOKEN) but on /healthz and /readyz; at least 16 visible characters. Prefer the BRAID_PROXY_ADMIN_TOKEN environment variable to keep it out of files.";
+    log_format: LogFormat, "log-format", "FORMAT", default ("text"),
+        parse log_format,
+        "Log lines: `text`, or `json` for one JSON object per line on stderr and stdout (the listening banner included). RUST_LOG sets the filter (default info: one access line per request, one line per subscription opened and closed).";
+    proxy_id: String, "proxy-id", "ID", default (none "<hostname>:<listen port>"),
+        sample (# "edge-1"),
+        parse proxy_id,
+        "This proxy's name in Via; a request already naming it gets 508 (loops).";
+
+    ["Upstream"]
+    connect_timeout: Duration, "connect-timeout", "DURATION", default ("5s"),
+        parse positive_duration,
+        "Time to connect to the upstream (then 502).";
+    response_timeout: Duration, "response-timeout", "DURATION", default ("30s"),
+        parse positive_duration,
+        "Time to the upstream's response headers (then 504).";
+    poll_interval: Duration, "poll-interval", "DURATION", default ("1s"),
+        parse positive_duration,
+        "Conditional poll interval of a subscribed resource of a plain origin.";
+    upstream_kind: UpstreamKind, "upstream-kind", "KIND", default ("auto"),
+        parse upstream_kind,
+        "What the upstream is: `braid` (subscriptions relayed byte for byte, every answer as the upstream gave it), `rest` (polled and diffed), or `auto` (learned from the first 209 or Braid response header).";
+    hold_upstream_breaks: Duration, "hold-upstream-breaks", "DURATION", default ("0s"),
+        parse |v: &str| at_most_an_hour(parse_duration(v)?),
+        "How long a Braid upstream's downstream streams stay open while the proxy itself resumes an ended or broken upstream subscription. 0s: they end with it, and clients resume with Parents (their own retry logic runs).";
+    multiplex: MultiplexMode, "multiplex", "MODE", default ("terminate"),
+        parse multiplex_mode,
+        "braid-http's multiplexing (browsers hold many subscriptions on one connection with it): `terminate` serves multiplexers from this proxy's shared state, so multiplexed subscriptions keep the fan-out; `relay` sends multiplexer requests to a Braid upstream as they are (its own multiplexer serves them; each multiplexed subscription then costs an upstream request).";
+    max_multiplexers: usize, "max-multiplexers", "N", default ("1024"),
+        parse |v: &str| in_range(parse_count(v)?, 1, 1 << 20),
+        "Multiplexers open at once on this proxy (then 503).";
+    max_multiplexed_requests: usize, "max-multiplexed-requests", "N", default ("256"),
+        parse |v: &str| in_range(parse_count(v)?, 1, 1 << 16),
+        "Requests open at once inside one multiplexer (then 503, which braid-http retries).";
+    multiplexer_idle: Duration, "multiplexer-idle", "DURATION", default ("60s"),
+        parse multiplexer_idle,
+        "A multiplexer without any request for this long ends; at least 1s.";
+    upstream_heartbeat: Duration, "upstream-heartbeat", "DURATION", default ("20s"),
+        parse |v: &str| at_most_an_hour(positive_duration(v)?),
+        "Unused since subscriptions are relayed (a Braid upstream gets each client's own Heartbeats); still accepted so that existing configurations load.";
+    upstream_h2c: bool, "upstream-h2c", "BOOL", default ("false"),
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        parse parse_bool,
+        "HTTP/2 with prior knowledge (h2c) to the upstream (another braid-proxy) for subscriptions and polls, so that they share one connection; pass-through requests stay on HTTP/1.1.";
+    max_body_bytes: usize, "max-body-bytes", "SIZE", default ("16MiB"),
+        parse |v: &str| in_range(parse_size(v)?, 1, 1 << 32),
+        "Largest origin body tracked; larger ones give an error update and plain GETs stream through unstored. Also the limit of a patch write.";
+
+    ["Client requests"]
+    header_read_timeout: Duration, "header-read-timeout", "DURATION", default ("10s"),
+        parse positive_duration,
+        "Time a client has to send its request headers.";
+    max_header_bytes: usize, "max-header-bytes", "SIZE", default ("16KiB"),
+        parse |v: &str| in_range(parse_size(v)?, 1024, 1 << 20),
+        "Largest request header block accepted (then 431).";
+    max_headers: usize, "max-headers", "N", default ("100"),
+        parse |v: &str| in_range(parse_count(v)?, 1, 10_000),
+        "Most request headers accepted (then 431).";
+    notsent_lowat: usize, "notsent-lowat", "SIZE", default ("16KiB"),
+        parse |v: &str| in_range(parse_size(v)?, 0, 1 << 30),
+        "Unsent bytes the kernel may hold per client connection (TCP_NOTSENT_LOWAT): a stalled subscriber then resumes with one collapsed update, not a backlog kept in the kernel. 0 leaves the system's setting.";
+    max_streams_per_connection: u32, "max-streams-per-connection", "N", default ("10000"),
+        parse |v: &str| -> Result<u32, String> { Ok(in_range(parse_count(v)?, 1, 1_000_000)? as u32) },
+        "Concurrent HTTP/2 streams on one client connection; an edge following this proxy over h2c holds one per resource.";
+    cors_origins: Vec<String>, "cors-origin", "ORIGIN", default (none "none"),
+        sample ("https://app.example.com"),
+        list = true,
+        parse cors_origins,
+        "Browser origin allowed by CORS; repeatable (a list in the file); `*` allows any.";
+    shutdown_grace: Duration, "shutdown-grace", "DURATION", default ("10s"),
+        parse parse_duration,
+        "How long in-flight requests may finish on SIGINT/SIGTERM.";
+
+    ["Subscriptions"]
+    heartbeat: Duration, "heartbeat", "DURATION", default ("25s"),
+        parse parse_duration,
+        "Heartbeat when the client asks for none; 0s turns them off.";
+    max_subscriptions: usize, "max-subscriptions", "N", default ("100000"),
+        parse parse_count,
+        "Open subscriptions in all (then 503 + Retry-After).";
+    max_subscriptions_per_resource: usize, "max-subscriptions-per-resource", "N", default ("100000"),
+        parse parse_count,
+        "Open subscriptions to one resource (then 503).";
+    resource_idle: Duration, "resource-idle", "DURATION", default ("30s"),
+        parse parse_duration,
+        "How long a resource nobody subscribes to is kept (its watcher lives on).";
+
+    ["State and history"]
+    history_len: usize, "history-len", "N", default ("256"),
+        parse |v: &str| in_range(parse_count(v)?, 1, 1 << 20),
+        "Updates kept per resource for resuming subscribers.";
+    history_bytes: u64, "history-bytes", "SIZE", default ("64MiB"),
+        parse |v: &str| -> Result<u64, String> { Ok(parse_size(v)? as u64) },
+        "Bytes of history of all resources together (counted within state-bytes too).";
+    state_bytes: usize, "state-bytes", "SIZE", default ("256MiB"),
+        parse |v: &str| in_range(parse_size(v)?, 1 << 20, usize::MAX),
+        "Every byte of state held (bodies, frames, keys, history, relayed windows, copies in flight); over it idle resources are evicted least recently used first, then new state is refused with 503.";
+    max_private_resources: usize, "max-private-resources", "N", default ("10000"),
+        parse parse_count,
+        "Resources tracked for one credential, or not shareable (then 503).";
+    diff_timeout: Duration, "diff-timeout", "DURATION", default ("50ms"),
+        parse positive_duration,
+        "Time budget of one diff; over it, a snapshot is sent.";
+    snapshot_ratio: f64, "snapshot-ratio", "FRACTION", default ("0.9"),
+        parse snapshot_ratio,
+        "Send a snapshot when patches exceed this fraction of its size.";
+
+    ["Runtime"]
+    workers: usize, "workers", "N", default ("0"), sample (# "0"),
+        parse |v: &str| in_range(parse_count(v)?, 0, 1024),
+        "Runtime worker threads: 0 is one per core; 1 is the single-threaded runtime, which costs less CPU per delivery over h2c on a core of its own but delivers the first subscribers later (BENCHMARKS.md, \"Runtime flavour\").";
 }
 
 /// The configured upstream: scheme, authority and an optional path prefix.
@@ -198,51 +359,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// The validated configuration.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub listen: SocketAddr,
-    /// `None` means: start the embedded demo origin.
-    pub upstream: Option<Upstream>,
-    pub admin_listen: Option<SocketAddr>,
-    pub admin_token: Option<String>,
-    pub log_format: LogFormat,
-    pub connect_timeout: Duration,
-    pub response_timeout: Duration,
-    pub header_read_timeout: Duration,
-    pub max_header_bytes: usize,
-    pub max_headers: usize,
-    pub shutdown_grace: Duration,
-    pub poll_interval: Duration,
-    pub history_len: usize,
-    pub history_bytes: u64,
-    pub state_bytes: usize,
-    pub notsent_lowat: usize,
-    pub max_private_resources: usize,
-    /// Zero turns default heartbeats off.
-    pub heartbeat: Duration,
-    pub max_subscriptions: usize,
-    pub max_subscriptions_per_resource: usize,
-    pub cors_origins: Vec<String>,
-    pub resource_idle: Duration,
-    pub max_body_bytes: usize,
-    pub diff_timeout: Duration,
-    pub snapshot_ratio: f64,
-    /// Empty until the listener is bound: then `<hostname>:<port>` unless set.
-    pub proxy_id: String,
-    pub upstream_heartbeat: Duration,
-    pub upstream_h2c: bool,
-    pub max_streams_per_connection: u32,
-    pub upstream_kind: UpstreamKind,
-    pub hold_upstream_breaks: Duration,
-    pub multiplex: MultiplexMode,
-    pub max_multiplexers: usize,
-    pub max_multiplexed_requests: usize,
-    pub multiplexer_idle: Duration,
-    /// Runtime worker threads; 0 is one per core, 1 the single-threaded runtime.
-    pub workers: usize,
-}
-
 /// Who serves braid-http's multiplexing (`--multiplex`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MultiplexMode {
@@ -263,51 +379,6 @@ pub enum UpstreamKind {
     Braid,
     /// A plain origin: polled, diffed, served as Braid by the proxy.
     Rest,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        // The multiplexers' bounds have one home: multiplex::Limits.
-        let mux = crate::multiplex::Limits::default();
-        Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            upstream: None,
-            admin_listen: None,
-            admin_token: None,
-            log_format: LogFormat::Text,
-            connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(30),
-            header_read_timeout: Duration::from_secs(10),
-            max_header_bytes: 16 * 1024,
-            max_headers: 100,
-            shutdown_grace: Duration::from_secs(10),
-            poll_interval: Duration::from_secs(1),
-            history_len: 256,
-            history_bytes: 64 * 1024 * 1024,
-            state_bytes: 256 * 1024 * 1024,
-            notsent_lowat: 16 * 1024,
-            max_private_resources: 10_000,
-            heartbeat: Duration::from_secs(25),
-            max_subscriptions: 100_000,
-            max_subscriptions_per_resource: 100_000,
-            cors_origins: Vec::new(),
-            resource_idle: Duration::from_secs(30),
-            max_body_bytes: 16 * 1024 * 1024,
-            diff_timeout: Duration::from_millis(50),
-            snapshot_ratio: 0.9,
-            proxy_id: String::new(),
-            upstream_heartbeat: Duration::from_secs(20),
-            upstream_h2c: false,
-            max_streams_per_connection: 10_000,
-            upstream_kind: UpstreamKind::Auto,
-            hold_upstream_breaks: Duration::ZERO,
-            multiplex: MultiplexMode::Terminate,
-            max_multiplexers: mux.max_multiplexers,
-            max_multiplexed_requests: mux.max_requests,
-            multiplexer_idle: mux.idle,
-            workers: 0,
-        }
-    }
 }
 
 /// The default id of the instance listening on `port`: `<hostname>:<port>`,
@@ -376,28 +447,20 @@ impl Config {
                     key,
                 });
             };
-            if key == "cors-origin" {
-                let list = match value {
-                    toml::Value::String(s) => vec![s],
-                    toml::Value::Array(items) => items
-                        .into_iter()
-                        .map(|v| match v {
-                            toml::Value::String(s) => Ok(s),
-                            other => Err(bad(key, format!("expected a string, got {other}"))),
-                        })
-                        .collect::<Result<_, _>>()?,
-                    other => {
-                        return Err(bad(key, format!("expected a list of strings, got {other}")))
-                    }
-                };
-                self.cors_origins = validate_cors(list)?;
-                continue;
-            }
             let text = match value {
                 toml::Value::String(s) => s,
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
+                // The one key that takes a list, as its flag is repeated.
+                toml::Value::Array(items) if key == "cors-origin" => items
+                    .into_iter()
+                    .map(|v| match v {
+                        toml::Value::String(s) => Ok(s),
+                        other => Err(bad(key, format!("expected a string, got {other}"))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(","),
                 other => {
                     return Err(bad(
                         key,
@@ -409,267 +472,178 @@ impl Config {
         }
         Ok(())
     }
-
-    fn apply_args(&mut self, args: Args) -> Result<(), ConfigError> {
-        let pairs: [(&'static str, Option<String>); 36] = [
-            ("listen", args.listen),
-            ("upstream", args.upstream),
-            ("admin-listen", args.admin_listen),
-            ("admin-token", args.admin_token),
-            ("log-format", args.log_format),
-            ("connect-timeout", args.connect_timeout),
-            ("response-timeout", args.response_timeout),
-            ("header-read-timeout", args.header_read_timeout),
-            ("max-header-bytes", args.max_header_bytes),
-            ("max-headers", args.max_headers),
-            ("shutdown-grace", args.shutdown_grace),
-            ("poll-interval", args.poll_interval),
-            ("history-len", args.history_len),
-            ("history-bytes", args.history_bytes),
-            ("state-bytes", args.state_bytes),
-            ("notsent-lowat", args.notsent_lowat),
-            ("max-private-resources", args.max_private_resources),
-            ("heartbeat", args.heartbeat),
-            ("max-subscriptions", args.max_subscriptions),
-            (
-                "max-subscriptions-per-resource",
-                args.max_subscriptions_per_resource,
-            ),
-            ("resource-idle", args.resource_idle),
-            ("max-body-bytes", args.max_body_bytes),
-            ("diff-timeout", args.diff_timeout),
-            ("snapshot-ratio", args.snapshot_ratio),
-            ("proxy-id", args.proxy_id),
-            ("upstream-heartbeat", args.upstream_heartbeat),
-            ("upstream-h2c", args.upstream_h2c),
-            (
-                "max-streams-per-connection",
-                args.max_streams_per_connection,
-            ),
-            ("upstream-kind", args.upstream_kind),
-            ("hold-upstream-breaks", args.hold_upstream_breaks),
-            ("multiplex", args.multiplex),
-            ("max-multiplexers", args.max_multiplexers),
-            ("max-multiplexed-requests", args.max_multiplexed_requests),
-            ("multiplexer-idle", args.multiplexer_idle),
-            ("workers", args.workers),
-            ("config", None),
-        ];
-        for (key, value) in pairs {
-            if let Some(value) = value {
-                self.set(key, &value)?;
-            }
-        }
-        if !args.cors_origin.is_empty() {
-            self.cors_origins = validate_cors(args.cors_origin)?;
-        }
-        Ok(())
-    }
-
-    /// Sets one key from its textual value.
-    pub fn set(&mut self, key: &'static str, v: &str) -> Result<(), ConfigError> {
-        let e = |reason: String| bad(key, reason);
-        match key {
-            "listen" => self.listen = parse_addr(v).map_err(e)?,
-            "upstream" => self.upstream = Some(Upstream::parse(v).map_err(e)?),
-            "admin-listen" => self.admin_listen = Some(parse_addr(v).map_err(e)?),
-            "admin-token" => {
-                let token = v.trim();
-                if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(e(
-                        "the admin token must be at least 16 visible ASCII characters".into(),
-                    ));
-                }
-                self.admin_token = Some(token.to_string());
-            }
-            "log-format" => {
-                self.log_format = match v.trim() {
-                    "text" => LogFormat::Text,
-                    "json" => LogFormat::Json,
-                    other => return Err(e(format!("`{other}` is not text or json"))),
-                }
-            }
-            "connect-timeout" => {
-                self.connect_timeout = positive(parse_duration(v).map_err(e)?, key)?
-            }
-            "response-timeout" => {
-                self.response_timeout = positive(parse_duration(v).map_err(e)?, key)?
-            }
-            "header-read-timeout" => {
-                self.header_read_timeout = positive(parse_duration(v).map_err(e)?, key)?
-            }
-            "max-header-bytes" => {
-                self.max_header_bytes = in_range(parse_size(v).map_err(e)?, 1024, 1 << 20, key)?
-            }
-            "max-headers" => {
-                self.max_headers = in_range(parse_count(v).map_err(e)?, 1, 10_000, key)?
-            }
-            "shutdown-grace" => self.shutdown_grace = parse_duration(v).map_err(e)?,
-            "poll-interval" => self.poll_interval = positive(parse_duration(v).map_err(e)?, key)?,
-            "history-len" => {
-                self.history_len = in_range(parse_count(v).map_err(e)?, 1, 1 << 20, key)?
-            }
-            "history-bytes" => self.history_bytes = parse_size(v).map_err(e)? as u64,
-            "state-bytes" => {
-                self.state_bytes = in_range(parse_size(v).map_err(e)?, 1 << 20, usize::MAX, key)?
-            }
-            "max-private-resources" => self.max_private_resources = parse_count(v).map_err(e)?,
-            "notsent-lowat" => {
-                self.notsent_lowat = in_range(parse_size(v).map_err(e)?, 0, 1 << 30, key)?
-            }
-            "heartbeat" => self.heartbeat = parse_duration(v).map_err(e)?,
-            "max-subscriptions" => self.max_subscriptions = parse_count(v).map_err(e)?,
-            "max-multiplexers" => {
-                self.max_multiplexers = in_range(parse_count(v).map_err(e)?, 1, 1 << 20, key)?
-            }
-            "max-multiplexed-requests" => {
-                self.max_multiplexed_requests =
-                    in_range(parse_count(v).map_err(e)?, 1, 1 << 16, key)?
-            }
-            "multiplexer-idle" => {
-                let idle = parse_duration(v).map_err(e)?;
-                if idle < Duration::from_secs(1) {
-                    return Err(bad(key, format!("{v} is shorter than 1s")));
-                }
-                self.multiplexer_idle = idle;
-            }
-            "max-subscriptions-per-resource" => {
-                self.max_subscriptions_per_resource = parse_count(v).map_err(e)?
-            }
-            "resource-idle" => self.resource_idle = parse_duration(v).map_err(e)?,
-            "max-body-bytes" => {
-                self.max_body_bytes = in_range(parse_size(v).map_err(e)?, 1, 1 << 32, key)?
-            }
-            "diff-timeout" => self.diff_timeout = positive(parse_duration(v).map_err(e)?, key)?,
-            "snapshot-ratio" => {
-                let r: f64 = v
-                    .trim()
-                    .parse()
-                    .map_err(|_| e(format!("`{v}` is not a number")))?;
-                if !(r > 0.0 && r <= 1.0) {
-                    return Err(e(format!("{r} is not in (0, 1]")));
-                }
-                self.snapshot_ratio = r;
-            }
-            "proxy-id" => {
-                let ok = !v.is_empty()
-                    && v.len() <= 128
-                    && v.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
-                if !ok {
-                    return Err(e("use 1 to 128 of A-Z a-z 0-9 - . _".into()));
-                }
-                self.proxy_id = v.to_string();
-            }
-            "upstream-heartbeat" => {
-                let d = positive(parse_duration(v).map_err(e)?, key)?;
-                if d > Duration::from_secs(3600) {
-                    return Err(e("at most 1h".into()));
-                }
-                self.upstream_heartbeat = d;
-            }
-            "max-streams-per-connection" => {
-                self.max_streams_per_connection =
-                    in_range(parse_count(v).map_err(e)?, 1, 1_000_000, key)? as u32
-            }
-            "upstream-h2c" => {
-                self.upstream_h2c = match v.trim() {
-                    "true" | "yes" | "on" | "1" => true,
-                    "false" | "no" | "off" | "0" => false,
-                    other => return Err(e(format!("`{other}` is not true or false"))),
-                }
-            }
-            "upstream-kind" => {
-                self.upstream_kind = match v.trim() {
-                    "auto" => UpstreamKind::Auto,
-                    "braid" => UpstreamKind::Braid,
-                    "rest" => UpstreamKind::Rest,
-                    other => return Err(e(format!("`{other}` is not auto, braid or rest"))),
-                }
-            }
-            "hold-upstream-breaks" => {
-                let d = parse_duration(v).map_err(e)?;
-                if d > Duration::from_secs(3600) {
-                    return Err(e("at most 1h".into()));
-                }
-                self.hold_upstream_breaks = d;
-            }
-            "multiplex" => {
-                self.multiplex = match v.trim() {
-                    "terminate" => MultiplexMode::Terminate,
-                    "relay" => MultiplexMode::Relay,
-                    other => return Err(e(format!("`{other}` is not terminate or relay"))),
-                }
-            }
-            "workers" => self.workers = in_range(parse_count(v).map_err(e)?, 0, 1024, key)?,
-            "config" => return Err(e("`config` cannot be set from a config file".into())),
-            _ => return Err(e("unknown key".into())),
-        }
-        Ok(())
-    }
 }
 
-/// Every key of the configuration file (the flag names without `--`).
-pub const KEYS: &[&str] = &[
-    "listen",
-    "upstream",
-    "admin-listen",
-    "admin-token",
-    "log-format",
-    "connect-timeout",
-    "response-timeout",
-    "header-read-timeout",
-    "max-header-bytes",
-    "max-headers",
-    "shutdown-grace",
-    "poll-interval",
-    "history-len",
-    "history-bytes",
-    "state-bytes",
-    "notsent-lowat",
-    "max-private-resources",
-    "heartbeat",
-    "max-subscriptions",
-    "max-subscriptions-per-resource",
-    "cors-origin",
-    "resource-idle",
-    "max-body-bytes",
-    "diff-timeout",
-    "snapshot-ratio",
-    "proxy-id",
-    "upstream-heartbeat",
-    "upstream-h2c",
-    "max-streams-per-connection",
-    "upstream-kind",
-    "hold-upstream-breaks",
-    "multiplex",
-    "max-multiplexers",
-    "max-multiplexed-requests",
-    "multiplexer-idle",
-    "workers",
-];
+/// The sample configuration: every key in its section, with its help,
+/// its default, and the value an example deployment would give it
+/// (`examples/deploy/braid-proxy.toml` is this text; a test checks it).
+pub fn sample_toml() -> String {
+    let mut out = String::from(
+        "# braid-proxy configuration: every key, with its default unless noted.\n\
+         # Each key is a flag's name without the dashes; flags override this file.\n\
+         # Durations: 250ms, 1s, 2m, 1h or seconds; sizes: 512, 64KiB, 16MiB, 1GiB.\n\
+         # Start with: braid-proxy --config /etc/braid-proxy/braid-proxy.toml\n\
+         # Generated from the declarations in src/config.rs (`cargo test` checks it).\n",
+    );
+    let mut section = "";
+    for doc in KEY_DOCS {
+        if doc.section != section {
+            section = doc.section;
+            let title = format!("# --- {section} ");
+            out.push_str(&format!("\n{title:-<77}\n"));
+        }
+        let mut help = doc.help.to_string();
+        if doc.sample.is_some() {
+            help.push_str(&format!(" Default: {}.", doc.default));
+        }
+        for line in wrap(&help, 74) {
+            out.push_str(&format!("# {line}\n"));
+        }
+        let value = toml_literal(doc.sample.unwrap_or(doc.default));
+        let hash = if doc.commented { "# " } else { "" };
+        out.push_str(&format!("{hash}{} = {value}\n", doc.key));
+    }
+    out
+}
+
+/// Greedy word wrap at `width` columns.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
+}
+
+/// A value as TOML writes it: numbers and booleans bare, the rest quoted.
+fn toml_literal(value: &str) -> String {
+    let bare = value.parse::<i64>().is_ok()
+        || value.parse::<f64>().is_ok()
+        || matches!(value, "true" | "false");
+    if bare {
+        value.to_string()
+    } else {
+        toml::Value::String(value.to_string()).to_string()
+    }
+}
 
 fn bad(key: &'static str, reason: String) -> ConfigError {
     ConfigError::Value { key, reason }
 }
 
-fn positive(d: Duration, key: &'static str) -> Result<Duration, ConfigError> {
+fn positive_duration(v: &str) -> Result<Duration, String> {
+    let d = parse_duration(v)?;
     if d.is_zero() {
-        Err(bad(key, "must be more than zero".into()))
+        Err("must be more than zero".into())
     } else {
         Ok(d)
     }
 }
 
-fn in_range(n: usize, lo: usize, hi: usize, key: &'static str) -> Result<usize, ConfigError> {
+fn at_most_an_hour(d: Duration) -> Result<Duration, String> {
+    if d > Duration::from_secs(3600) {
+        Err("at most 1h".into())
+    } else {
+        Ok(d)
+    }
+}
+
+fn in_range(n: usize, lo: usize, hi: usize) -> Result<usize, String> {
     if n < lo || n > hi {
-        Err(bad(key, format!("{n} is not between {lo} and {hi}")))
+        Err(format!("{n} is not between {lo} and {hi}"))
     } else {
         Ok(n)
     }
 }
 
-fn validate_cors(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
+fn admin_token(v: &str) -> Result<Option<String>, String> {
+    let token = v.trim();
+    if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("the admin token must be at least 16 visible ASCII characters".into());
+    }
+    Ok(Some(token.to_string()))
+}
+
+fn log_format(v: &str) -> Result<LogFormat, String> {
+    match v.trim() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(format!("`{other}` is not text or json")),
+    }
+}
+
+fn proxy_id(v: &str) -> Result<String, String> {
+    let ok = !v.is_empty()
+        && v.len() <= 128
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err("use 1 to 128 of A-Z a-z 0-9 - . _".into())
+    }
+}
+
+fn upstream_kind(v: &str) -> Result<UpstreamKind, String> {
+    match v.trim() {
+        "auto" => Ok(UpstreamKind::Auto),
+        "braid" => Ok(UpstreamKind::Braid),
+        "rest" => Ok(UpstreamKind::Rest),
+        other => Err(format!("`{other}` is not auto, braid or rest")),
+    }
+}
+
+fn multiplex_mode(v: &str) -> Result<MultiplexMode, String> {
+    match v.trim() {
+        "terminate" => Ok(MultiplexMode::Terminate),
+        "relay" => Ok(MultiplexMode::Relay),
+        other => Err(format!("`{other}` is not terminate or relay")),
+    }
+}
+
+fn multiplexer_idle(v: &str) -> Result<Duration, String> {
+    let idle = parse_duration(v)?;
+    if idle < Duration::from_secs(1) {
+        return Err(format!("{v} is shorter than 1s"));
+    }
+    Ok(idle)
+}
+
+fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.trim() {
+        "true" | "yes" | "on" | "1" => Ok(true),
+        "false" | "no" | "off" | "0" => Ok(false),
+        other => Err(format!("`{other}` is not true or false")),
+    }
+}
+
+fn snapshot_ratio(v: &str) -> Result<f64, String> {
+    let r: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{v}` is not a number"))?;
+    if !(r > 0.0 && r <= 1.0) {
+        return Err(format!("{r} is not in (0, 1]"));
+    }
+    Ok(r)
+}
+
+/// Comma-separated origins, each `*` or `scheme://host[:port]`.
+fn cors_origins(v: &str) -> Result<Vec<String>, String> {
+    let list: Vec<String> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .map(String::from)
+        .collect();
     for origin in &list {
         let ok = origin == "*"
             || ((origin.starts_with("http://") || origin.starts_with("https://"))
@@ -679,9 +653,8 @@ fn validate_cors(list: Vec<String>) -> Result<Vec<String>, ConfigError> {
                     .trim_start_matches("http://")
                     .contains('/'));
         if !ok {
-            return Err(bad(
-                "cors-origin",
-                format!("`{origin}` is not `*` or an origin like https://example.com"),
+            return Err(format!(
+                "`{origin}` is not `*` or an origin like https://example.com"
             ));
         }
     }
@@ -771,6 +744,91 @@ mod tests {
         assert_eq!(parse_size("100"), Ok(100));
         assert_eq!(parse_size("1KB"), Ok(1000));
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn every_declared_default_parses_and_the_multiplexer_bounds_agree() {
+        // Config::default() parses every declared default.
+        let d = Config::default();
+        assert_eq!(d.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+        assert_eq!(d.connect_timeout, Duration::from_secs(5));
+        assert_eq!(d.max_header_bytes, 16 * 1024);
+        assert_eq!(d.history_bytes, 64 * 1024 * 1024);
+        assert_eq!(d.snapshot_ratio, 0.9);
+        assert_eq!(d.max_streams_per_connection, 10_000);
+        assert!(d.upstream.is_none() && d.admin_listen.is_none() && d.admin_token.is_none());
+        assert!(d.cors_origins.is_empty() && d.proxy_id.is_empty());
+        // multiplex::Limits keeps the same bounds for its own tests.
+        let mux = crate::multiplex::Limits::default();
+        assert_eq!(
+            (
+                d.max_multiplexers,
+                d.max_multiplexed_requests,
+                d.multiplexer_idle
+            ),
+            (mux.max_multiplexers, mux.max_requests, mux.idle)
+        );
+        assert_eq!(KEYS.len(), KEY_DOCS.len());
+        let mut c = Config::default();
+        for doc in KEY_DOCS {
+            if let Some(sample) = doc.sample {
+                c.set(doc.key, sample)
+                    .unwrap_or_else(|e| panic!("sample of {}: {e}", doc.key));
+            }
+        }
+        assert!(matches!(
+            c.set("no-such-key", "1"),
+            Err(ConfigError::NoSuchKey(_))
+        ));
+    }
+
+    #[test]
+    fn flags_once_lists_repeated_and_the_bare_bool() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let mut all = vec!["braid-proxy"];
+            all.extend_from_slice(args);
+            Config::from_args(Args::try_parse_from(all).expect("flags parse"))
+        };
+        let err =
+            parse(&["--listen", "127.0.0.1:1", "--listen", "127.0.0.1:2"]).expect_err("refused");
+        assert_eq!(
+            err.to_string(),
+            "invalid value for `listen`: given more than once"
+        );
+        let c = parse(&[
+            "--cors-origin",
+            "https://a.test",
+            "--cors-origin",
+            "http://b.test:8080",
+            "--upstream-h2c",
+        ])
+        .expect("accepted");
+        assert_eq!(c.cors_origins, ["https://a.test", "http://b.test:8080"]);
+        assert!(c.upstream_h2c);
+        let err = parse(&["--cors-origin", "https://a.test/path"]).expect_err("refused");
+        assert!(err.to_string().contains("`cors-origin`"), "{err}");
+        // Flags override the file; a list in the file is a list.
+        let mut t = Config::default();
+        t.apply_toml(
+            Path::new("t.toml"),
+            "cors-origin = [\"https://a.test\", \"*\"]\nupstream-h2c = true\n",
+        )
+        .expect("parses");
+        assert_eq!(t.cors_origins, ["https://a.test", "*"]);
+        assert!(t.upstream_h2c);
+        let err = t
+            .apply_toml(Path::new("t.toml"), "cors-origin = [1]\n")
+            .expect_err("refused");
+        assert!(err.to_string().contains("expected a string"), "{err}");
+        let err = t
+            .apply_toml(Path::new("t.toml"), "listen = [\"127.0.0.1:1\"]\n")
+            .expect_err("refused");
+        assert!(err.to_string().contains("`listen`"), "{err}");
+        let err = t
+            .apply_toml(Path::new("t.toml"), "listne = \"127.0.0.1:1\"\n")
+            .expect_err("refused");
+        assert!(err.to_string().ends_with("unknown key `listne`"), "{err}");
     }
 
     #[test]

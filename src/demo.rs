@@ -67,8 +67,8 @@ pub async fn serve(listener: TcpListener) {
         );
         s.put("/clock", clock_text(0), "text/plain; charset=utf-8");
         s.put(
-            "/braid-http-client.js",
-            braid_http_client(),
+            "/braid-proxy-client.js",
+            Bytes::from_static(CLIENT.as_bytes()),
             "text/javascript; charset=utf-8",
         );
     }
@@ -198,24 +198,9 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// The demo's index page: the live example of examples/browser/, which
-/// subscribes to the documents through the proxy with braid-http's client.
+/// subscribes to the documents through the proxy and writes to one.
 const INDEX: &str = include_str!("../examples/browser/index.html");
 
-/// Where the page's braid-http browser client is read from: the npm
-/// package the conformance tests pin (no CDN), unless `BRAID_HTTP_CLIENT`
-/// names another copy.
-fn braid_http_client() -> Bytes {
-    let path = std::env::var("BRAID_HTTP_CLIENT").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/conformance-tests/node_modules/braid-http/braid-http-client.js"
-        )
-        .to_string()
-    });
-    match std::fs::read(&path) {
-        Ok(js) => Bytes::from(js),
-        Err(e) => Bytes::from(format!(
-            "document.body.prepend('braid-http-client.js is missing ({path}: {e}); run: npm ci --prefix conformance-tests')\n"
-        )),
-    }
-}
+/// The page's Braid-HTTP client, the project's own, built in so that the
+/// demo needs nothing installed (no npm package, no CDN).
+const CLIENT: &str = include_str!("../examples/browser/braid-proxy-client.js");

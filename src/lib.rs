@@ -16,7 +16,8 @@
 //! - [`diff`]: old body + new body → patches.
 //! - [`multiplex`]: braid-http's multiplexing: many responses in one stream.
 //! - [`writes`]: Braid patch writes applied onto plain origins under `If-Match`.
-//! - [`admin`]: metrics, health, and the refresh hook.
+//! - [`admin`]: metrics, health, the refresh hook, and the operator's page.
+//! - [`status`]: what the operator's page shows, read from the live structures.
 //! - [`demo`]: the embedded demo origin.
 //! - [`error`]: every refusal mapped to a status and a one-line reason.
 //! - [`body`], [`metrics`]: the body type and the counters.
@@ -42,6 +43,7 @@ pub mod relay;
 pub mod resource;
 pub mod router;
 pub mod server;
+pub mod status;
 pub mod subscribe;
 pub mod upstream;
 pub mod writes;

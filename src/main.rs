@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use braid_proxy::config::{Args, Config, LogFormat, Upstream};
 use braid_proxy::server::Server;
 use clap::Parser;
+use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc gives the memory of dropped state back to the system, with
@@ -15,23 +16,33 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    // A bad command line or configuration is reported in the format it
+    // asked for, when the flag says (a config file's `log-format` is not
+    // known yet); `--help` and `--version` stay text.
+    let json_flag = asks_for_json(std::env::args());
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if json_flag && e.use_stderr() => {
+            init_logs(LogFormat::Json);
+            fatal(LogFormat::Json, e.render().to_string().trim_end());
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let config = match Config::from_args(args) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("braid-proxy: {e}");
+            let format = if json_flag {
+                LogFormat::Json
+            } else {
+                LogFormat::Text
+            };
+            init_logs(format);
+            fatal(format, e);
             return ExitCode::from(2);
         }
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Text => logs.init(),
-        // One JSON object per line: time, level, target, message and fields.
-        LogFormat::Json => logs.json().flatten_event(true).init(),
-    }
+    init_logs(config.log_format);
     // jemalloc's purging thread returns freed pages within seconds; with
     // one worker the process keeps to one thread, and pages are returned
     // as the allocator is used.
@@ -55,16 +66,76 @@ fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("braid-proxy: cannot start the runtime: {e}");
+            fatal(config.log_format, format!("cannot start the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
+    let format = config.log_format;
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("braid-proxy: {e}");
+            fatal(format, e);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Whether the command line says `--log-format json` (or `=json`).
+fn asks_for_json(args: impl Iterator<Item = String>) -> bool {
+    let mut json = false;
+    let mut value_next = false;
+    for arg in args {
+        if value_next {
+            json = arg.trim() == "json";
+        }
+        value_next = arg == "--log-format";
+        if let Some(value) = arg.strip_prefix("--log-format=") {
+            json = value.trim() == "json";
+        }
+    }
+    json
+}
+
+/// The target of the listening banner's event in JSON format; it goes to
+/// stdout, whatever `RUST_LOG` says, where supervisors and scripts read it.
+const BANNER: &str = "braid_proxy::banner";
+
+/// Sets up the log lines on stderr: text, or one JSON object per line (in
+/// which case panics are logged as JSON events too, and the banner is an
+/// event on stdout).
+fn init_logs(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        LogFormat::Json => {
+            let filter = match BANNER.parse() {
+                Ok(banner) => filter.add_directive(banner),
+                Err(_) => filter,
+            };
+            let writer = std::io::stdout
+                .with_filter(|meta: &tracing::Metadata<'_>| meta.target() == BANNER)
+                .or_else(std::io::stderr);
+            // Time, level, target, message and fields.
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(writer)
+                .json()
+                .flatten_event(true)
+                .init();
+            std::panic::set_hook(Box::new(|panic| tracing::error!(%panic, "panic")));
+        }
+    }
+}
+
+/// Reports the error that stops the proxy: `braid-proxy: <error>` on
+/// stderr, or an error event in JSON format.
+fn fatal(format: LogFormat, error: impl std::fmt::Display) {
+    match format {
+        LogFormat::Text => eprintln!("braid-proxy: {error}"),
+        LogFormat::Json => tracing::error!(%error, "braid-proxy stopped"),
     }
 }
 
@@ -89,16 +160,29 @@ async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send 
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = server.local_addr()?;
-    say!("braid-proxy listening on http://{addr}");
-    if let Some(admin) = server.admin_addr() {
-        say!("braid-proxy admin listening on http://{admin}");
-    }
-    if demo {
-        say!("demo origin (plain REST) started; open http://{addr}/ in a browser, or try:");
-        say!("  curl -N -H 'Subscribe: true' http://{addr}/clock");
-        say!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
-    } else if let Some(upstream) = &config.upstream {
-        say!("proxying {upstream}");
+    let admin = server.admin_addr();
+    if config.log_format == LogFormat::Json {
+        let upstream = config.upstream.as_ref().map(|u| u.to_string());
+        tracing::info!(
+            target: BANNER,
+            listen = %format_args!("http://{addr}"),
+            admin = admin.map(|a| format!("http://{a}")),
+            upstream,
+            demo,
+            "braid-proxy listening"
+        );
+    } else {
+        say!("braid-proxy listening on http://{addr}");
+        if let Some(admin) = admin {
+            say!("braid-proxy admin listening on http://{admin}");
+        }
+        if demo {
+            say!("demo origin (plain REST) started; open http://{addr}/ in a browser, or try:");
+            say!("  curl -N -H 'Subscribe: true' http://{addr}/clock");
+            say!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
+        } else if let Some(upstream) = &config.upstream {
+            say!("proxying {upstream}");
+        }
     }
     server.run(shutdown_signal()).await
 }

@@ -94,6 +94,30 @@ impl Histogram {
         self.total.fetch_add(1, Relaxed);
     }
 
+    /// How many observations, and their sum in seconds.
+    pub fn totals(&self) -> (u64, f64) {
+        let sum = self.sum_micros.load(Relaxed) as f64 / 1e6;
+        (self.total.load(Relaxed), sum)
+    }
+
+    /// The upper bound of the bucket that holds the `q` quantile (0 to 1)
+    /// of the observations; `None` without any, or past the last bucket.
+    pub fn quantile_bound(&self, q: f64) -> Option<f64> {
+        let total = self.total.load(Relaxed);
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q.clamp(0.0, 1.0)).ceil().max(1.0) as u64;
+        let mut cumulative = 0;
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count.load(Relaxed);
+            if cumulative >= rank {
+                return Some(*bound);
+            }
+        }
+        None
+    }
+
     /// Writes the histogram in the text exposition format.
     pub fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(

@@ -110,6 +110,23 @@ impl Drop for Seeding {
     }
 }
 
+/// One live session as the operator's page shows it ([`Relays::summaries`]).
+#[derive(Debug, Clone)]
+pub struct SessionSummary {
+    /// The URL (path and query).
+    pub path: String,
+    pub subscribers: usize,
+    /// Its answer is one client's: nobody else joins it.
+    pub private: bool,
+    /// The newest version in its window.
+    pub version: Option<VersionList>,
+    /// `None` while the upstream has not answered; `Some(true)` after a 209.
+    pub opened: Option<bool>,
+    pub ended: bool,
+    /// Its opener found a plain origin: the resource is polled instead.
+    pub plain: bool,
+}
+
 /// One upstream subscription and everything it sent.
 pub struct Session {
     /// The URL (path and query).
@@ -375,6 +392,33 @@ impl Relays {
     /// Live sessions (each is one open upstream subscription or one being opened).
     pub fn sessions(&self) -> usize {
         lock(&self.sessions).values().map(Vec::len).sum()
+    }
+
+    /// What the operator's page shows of each live session (read-only).
+    pub fn summaries(&self) -> Vec<SessionSummary> {
+        let sessions: Vec<Arc<Session>> =
+            lock(&self.sessions).values().flatten().cloned().collect();
+        sessions
+            .iter()
+            .map(|s| {
+                let tick = s.tick.borrow().clone();
+                let window = lock(&s.window);
+                SessionSummary {
+                    path: s.path.clone(),
+                    subscribers: s.subscribers.load(Relaxed),
+                    private: s.exclusive.load(Relaxed),
+                    version: window.entries.iter().rev().find_map(|e| e.version.clone()),
+                    opened: tick.opened,
+                    ended: tick.ended,
+                    plain: tick.plain,
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes held by all sessions' windows (bounded by `--history-bytes`).
+    pub fn window_bytes(&self) -> usize {
+        self.window_bytes.load(Relaxed)
     }
 
     /// Whether a session of `path` is open: its upstream speaks Braid.
@@ -681,7 +725,7 @@ impl Relays {
     }
 
     /// The bytes all relayed windows hold now (counted against `--state-bytes`).
-    pub fn window_bytes(&self) -> Arc<AtomicUsize> {
+    pub fn window_counter(&self) -> Arc<AtomicUsize> {
         self.window_bytes.clone()
     }
 

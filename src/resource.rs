@@ -66,6 +66,8 @@ pub struct Head {
     /// The encoded update from `seq - 1` to `seq`, shared by all subscribers.
     pub update: Option<Bytes>,
     snapshot: OnceLock<Bytes>,
+    /// When this head was published.
+    pub at: Instant,
 }
 
 impl Head {
@@ -77,6 +79,7 @@ impl Head {
             digest: String::new(),
             update: None,
             snapshot: OnceLock::new(),
+            at: Instant::now(),
         }
     }
 
@@ -668,6 +671,7 @@ impl Resource {
             digest,
             update: None,
             snapshot: OnceLock::new(),
+            at: Instant::now(),
         };
         let frame = match &patches {
             // The first state has no parent: every subscriber starts from a

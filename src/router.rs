@@ -104,7 +104,7 @@ impl Router {
         // windows, and copies of answers being stored.
         let windows = watchers.history.clone();
         registry.count_also(move || usize::try_from(windows.weighted_size()).unwrap_or(usize::MAX));
-        let relayed = relays.window_bytes();
+        let relayed = relays.window_counter();
         registry.count_also(move || relayed.load(std::sync::atomic::Ordering::Relaxed));
         let in_flight = copies.clone();
         registry.count_also(move || in_flight.used());
@@ -139,6 +139,21 @@ impl Router {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// What the operator's page shows, read now ([`crate::status`]);
+    /// `started` is when the admin listener started.
+    pub fn status(&self, started: Instant) -> crate::status::Status {
+        let inner = &self.inner;
+        let sources = crate::status::Sources {
+            config: &inner.config,
+            metrics: &inner.metrics,
+            registry: &inner.registry,
+            relays: &inner.relays,
+            history: &inner.watchers.history,
+            health: &inner.client.health,
+        };
+        crate::status::Status::read(sources, started)
     }
 
     /// The metrics in Prometheus text format, with the gauges read now.

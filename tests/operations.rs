@@ -162,10 +162,70 @@ async fn the_admin_token_guards_metrics_and_refresh() {
     ] {
         assert!(ok.contains(metric), "{metric} missing");
     }
+    // The operator's page and its data follow the same rule.
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    for path in ["/", "/status"] {
+        let denied = call(admin, path, "").await;
+        assert!(denied.starts_with("HTTP/1.1 401"), "{path}: {denied}");
+        let ok = call(admin, path, &bearer).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{path}: {ok}");
+    }
     // Health checks stay open to load balancers.
     assert!(call(admin, "/healthz", "")
         .await
         .starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn status_lists_subscribed_resources_with_their_subscribers() {
+    let origin = common::serve(|_| {
+        let mut r = Response::new(Full::new(Bytes::from("doc")));
+        r.headers_mut()
+            .insert("etag", http::HeaderValue::from_static("\"e1\""));
+        r
+    })
+    .await;
+    let (client, admin) = start(origin, |_| {}).await;
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let mut sub = TcpStream::connect(client).await.expect("connect");
+        sub.write_all(b"GET /doc HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n")
+            .await
+            .expect("write");
+        let mut head = [0u8; 12];
+        sub.read_exact(&mut head).await.expect("head");
+        assert_eq!(&head, b"HTTP/1.1 209");
+        subs.push(sub);
+    }
+    let deadline = Instant::now() + WAIT;
+    let doc = loop {
+        let answer = call(admin, "/status", "").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let json = answer.split("\r\n\r\n").nth(1).expect("a body");
+        let status: serde_json::Value = serde_json::from_str(json).expect("JSON");
+        let doc = status["resources"]
+            .as_array()
+            .and_then(|list| list.iter().find(|r| r["path"] == "/doc").cloned());
+        if let Some(doc) = doc.filter(|d| d["subscribers"] == 3 && d["version"] == "\"e1\"") {
+            assert!(status["upstream"]["healthy"].as_bool().expect("healthy"));
+            let caps = status["memory"].as_array().expect("memory");
+            assert!(
+                caps.iter().any(|g| g["flag"] == "--state-bytes"
+                    && g["cap"] == 256 * 1024 * 1024
+                    && g["used"].as_u64().is_some_and(|u| u > 0)),
+                "{caps:?}"
+            );
+            break doc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no /doc with 3 subscribers: {json}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(doc["feed"], "poll", "{doc}");
+    assert_eq!(doc["healthy"], true, "{doc}");
+    drop(subs);
 }
 
 #[test]
@@ -219,9 +279,26 @@ fn the_sample_configuration_names_every_key_and_parses() {
         .expect("every key parses");
 }
 
-/// Starts the binary with its demo origin and `args`, stderr piped; returns
-/// it and the client address its banner names.
-fn spawn_binary(args: &[&str]) -> (std::process::Child, String) {
+#[test]
+fn the_sample_configuration_is_generated_from_the_declarations() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/deploy/braid-proxy.toml");
+    let generated = braid_proxy::config::sample_toml();
+    if std::env::var_os("BRAID_PROXY_WRITE_SAMPLE").is_some() {
+        std::fs::write(&path, &generated).expect("write the sample");
+    }
+    let text = std::fs::read_to_string(&path).expect("examples/deploy/braid-proxy.toml");
+    assert!(
+        text == generated,
+        "examples/deploy/braid-proxy.toml differs from config::sample_toml(); regenerate it with \
+         BRAID_PROXY_WRITE_SAMPLE=1 cargo test --test operations the_sample_configuration_is_generated"
+    );
+}
+
+/// Starts the binary with its demo origin and `args`, stdout and stderr
+/// piped; returns it, the client address its banner names (the text line
+/// or, with `--log-format json`, the banner event), and the banner line.
+fn spawn_binary(args: &[&str]) -> (std::process::Child, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
@@ -229,20 +306,56 @@ fn spawn_binary(args: &[&str]) -> (std::process::Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the binary");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("banner");
-    let addr = line
-        .trim()
-        .strip_prefix("braid-proxy listening on http://")
-        .expect("banner names the address")
-        .to_string();
-    (child, addr)
+    let stdout = child.stdout.as_mut().expect("stdout");
+    let mut banner = Vec::new();
+    // Byte by byte, so that nothing after the banner is taken from the pipe.
+    let mut byte = [0u8; 1];
+    while std::io::Read::read(stdout, &mut byte).expect("banner") == 1 && byte[0] != b'\n' {
+        banner.push(byte[0]);
+    }
+    let banner = String::from_utf8(banner).expect("UTF-8 banner");
+    let addr = match banner.strip_prefix("braid-proxy listening on http://") {
+        Some(addr) => addr.to_string(),
+        None => {
+            let event: serde_json::Value = serde_json::from_str(&banner)
+                .unwrap_or_else(|e| panic!("the banner is neither text nor JSON ({e}): {banner}"));
+            event["listen"]
+                .as_str()
+                .and_then(|l| l.strip_prefix("http://"))
+                .unwrap_or_else(|| panic!("the banner event names no address: {banner}"))
+                .to_string()
+        }
+    };
+    (child, addr, banner)
+}
+
+/// Every line of `text` as a JSON object; panics naming the first that is not.
+fn json_lines(text: &str, stream: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a line on {stream} is not JSON ({e}): {line}"));
+            assert!(value.is_object(), "not an object on {stream}: {line}");
+            value
+        })
+        .collect()
 }
 
 #[test]
-fn json_logs_are_one_object_per_line() {
-    let (mut child, addr) = spawn_binary(&["--log-format", "json"]);
+fn json_logs_are_one_object_per_line_on_stdout_and_stderr() {
+    let (child, addr, banner) =
+        spawn_binary(&["--log-format", "json", "--admin-listen", "127.0.0.1:0"]);
+    let banner = &json_lines(&banner, "stdout")[0];
+    assert_eq!(banner["message"], "braid-proxy listening", "{banner}");
+    for field in ["admin", "upstream"] {
+        assert!(
+            banner[field]
+                .as_str()
+                .is_some_and(|a| a.starts_with("http://127.0.0.1:")),
+            "{field}: {banner}"
+        );
+    }
+    assert_eq!(banner["demo"], true, "{banner}");
     // One request, so that an access line is logged.
     let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
     std::io::Write::write_all(
@@ -252,22 +365,21 @@ fn json_logs_are_one_object_per_line() {
     .expect("write");
     let mut answer = Vec::new();
     std::io::Read::read_to_end(&mut stream, &mut answer).expect("read");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + WAIT;
-    let mut access = None;
-    while Instant::now() < deadline {
-        let Some(Ok(line)) = lines.next() else { break };
-        let value: serde_json::Value =
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-        if value["target"] == "access" {
-            access = Some(value);
-            break;
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let access = access.expect("an access line");
+    // A graceful shutdown, so that its lines are there too; then
+    // everything the process wrote on either stream.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(stopped.success());
+    let output = child.wait_with_output().expect("the proxy ends");
+    let stdout = json_lines(&String::from_utf8_lossy(&output.stdout), "stdout");
+    let stderr = json_lines(&String::from_utf8_lossy(&output.stderr), "stderr");
+    assert!(stdout.is_empty(), "only the banner on stdout: {stdout:?}");
+    let access = stderr
+        .iter()
+        .find(|v| v["target"] == "access")
+        .unwrap_or_else(|| panic!("an access line: {stderr:?}"));
     assert!(
         access["message"]
             .as_str()
@@ -278,6 +390,57 @@ fn json_logs_are_one_object_per_line() {
         access["level"].is_string() && access["timestamp"].is_string(),
         "{access}"
     );
+    assert!(
+        stderr.iter().any(|v| v["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("shutting down"))),
+        "{stderr:?}"
+    );
+
+    // A configuration error, or a flag that does not exist, is a JSON event too.
+    for (args, says) in [
+        (
+            &["--log-format", "json", "--listen", "nowhere"][..],
+            "`listen`",
+        ),
+        (
+            &["--log-format=json", "--no-such-flag"][..],
+            "--no-such-flag",
+        ),
+    ] {
+        let refused = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+            .args(args)
+            .output()
+            .expect("run the binary");
+        assert_eq!(refused.status.code(), Some(2));
+        assert!(refused.stdout.is_empty());
+        let error = json_lines(&String::from_utf8_lossy(&refused.stderr), "stderr");
+        assert_eq!(error.len(), 1, "{error:?}");
+        assert!(
+            error[0]["error"].as_str().is_some_and(|e| e.contains(says)),
+            "{}",
+            error[0]
+        );
+    }
+}
+
+#[test]
+fn the_text_banner_is_unchanged() {
+    let (mut child, _, banner) = spawn_binary(&["--admin-listen", "127.0.0.1:0"]);
+    assert!(
+        banner.starts_with("braid-proxy listening on http://127.0.0.1:"),
+        "{banner}"
+    );
+    let mut rest = String::new();
+    let stdout = child.stdout.as_mut().expect("stdout");
+    let mut reader = BufReader::new(stdout);
+    reader.read_line(&mut rest).expect("admin line");
+    assert!(
+        rest.starts_with("braid-proxy admin listening on http://127.0.0.1:"),
+        "{rest}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Reads from `stream` until `needle` has arrived (bounded by `WAIT`).
@@ -304,7 +467,7 @@ fn read_until(stream: &mut std::net::TcpStream, needle: &str) -> String {
 
 #[test]
 fn workers_1_serves_subscriptions_and_writes_on_one_thread() {
-    let (mut child, addr) = spawn_binary(&["--workers", "1"]);
+    let (mut child, addr, _) = spawn_binary(&["--workers", "1"]);
     let mut sub = std::net::TcpStream::connect(&addr).expect("connect");
     std::io::Write::write_all(
         &mut sub,

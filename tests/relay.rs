@@ -970,3 +970,25 @@ async fn a_patch_write_to_a_resource_not_known_yet_goes_to_a_braid_upstream() {
         "the patch as sent"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_status_lists_a_relayed_subscription_and_its_subscribers() {
+    let first = b"Version: \"v1\"\r\nContent-Length: 5\r\n\r\nhello";
+    let upstream = Upstream::start(move |_, _| Script::stream(first)).await;
+    let (addr, admin) = proxy(&upstream, |_| {}).await;
+    let mut bodies = subscribe_at_once(addr, 3, &[]).await;
+    for body in &mut bodies {
+        assert_eq!(read_bytes(body, first.len()).await, first);
+    }
+    let status = common::body_of(get(admin, "/status", &[]).await).await;
+    let status: serde_json::Value = serde_json::from_slice(&status).expect("JSON");
+    let doc = status["resources"]
+        .as_array()
+        .and_then(|list| list.iter().find(|r| r["path"] == "/doc"))
+        .unwrap_or_else(|| panic!("no /doc: {status}"));
+    assert_eq!(doc["feed"], "braid", "{doc}");
+    assert_eq!(doc["subscribers"], 3, "{doc}");
+    assert_eq!(doc["version"], "\"v1\"", "{doc}");
+    assert_eq!(doc["health"], "upstream stream live", "{doc}");
+    assert_eq!(upstream.requests().len(), 1);
+}

@@ -49,23 +49,24 @@ export function proxyBinary() {
 }
 
 /**
- * Starts the proxy in front of `upstream`.
- * opts: {upstream, listen = '127.0.0.1:0', pollInterval = '100ms', heartbeat, args: [...extra], readyTimeoutMs = 20000}
+ * Starts the proxy in front of `upstream` (without one: its demo origin).
+ * opts: {upstream, listen = '127.0.0.1:0', pollInterval = '100ms', heartbeat, args: [...extra], cwd, env, readyTimeoutMs = 20000}
  */
 export async function startProxy(opts) {
   const bin = proxyBinary()
   const args = [
     '--listen', opts.listen ?? '127.0.0.1:0',
     '--admin-listen', '127.0.0.1:0',
-    '--upstream', opts.upstream,
     '--poll-interval', opts.pollInterval ?? '100ms',
   ]
+  if (opts.upstream) args.push('--upstream', opts.upstream)
   if (opts.heartbeat) args.push('--heartbeat', opts.heartbeat)
   if (opts.args) args.push(...opts.args)
 
   const child = spawn(bin, args, {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { RUST_LOG: 'warn', ...process.env, RUST_BACKTRACE: '1' },
+    cwd: opts.cwd,
+    env: { RUST_LOG: 'warn', ...(opts.env ?? process.env), RUST_BACKTRACE: '1' },
   })
   live.add(child)
 

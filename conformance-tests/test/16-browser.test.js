@@ -17,18 +17,20 @@ import { fileURLToPath } from 'node:url'
 import { startOrigin } from '../lib/origin.js'
 import { startProxy } from '../lib/proxy.js'
 import { waitFor, sleep } from '../lib/util.js'
+import { CHROMIUM, CHROMIUM_ARGS, chromiumDriver, recordConsole } from '../lib/browser.js'
 
-const CHROMIUM = '/usr/bin/chromium'
 const here = path.dirname(fileURLToPath(import.meta.url))
 const PAGE = path.join(here, '..', '..', 'examples', 'browser', 'index.html')
 const CLIENT = path.join(here, '..', 'node_modules', 'braid-http', 'braid-http-client.js')
+const OWN_CLIENT = path.join(here, '..', '..', 'examples', 'browser', 'braid-proxy-client.js')
 const N = 12
 
-/** Serves the example page and the braid-http browser client from the npm package. */
+/** Serves the example page, its own client, and the braid-http browser client from the npm package. */
 async function startPageServer() {
   const server = http.createServer((req, res) => {
     const p = new URL(req.url, 'http://page.invalid').pathname
-    const file = p === '/' ? PAGE : p === '/braid-http-client.js' ? CLIENT : null
+    const files = { '/': PAGE, '/braid-http-client.js': CLIENT, '/braid-proxy-client.js': OWN_CLIENT }
+    const file = files[p]
     if (!file) return res.writeHead(404).end()
     const type = file.endsWith('.js') ? 'text/javascript' : 'text/html; charset=utf-8'
     res.writeHead(200, { 'content-type': type, 'cache-control': 'no-store' })
@@ -39,11 +41,7 @@ async function startPageServer() {
 }
 
 test('twelve live subscriptions in Chromium, cross-origin, across a proxy restart', { timeout: 120000 }, async () => {
-  assert.ok(
-    fs.existsSync(CHROMIUM),
-    `${CHROMIUM} is missing: install the Debian package "chromium" (apt-get install -y chromium)`,
-  )
-  const { chromium } = await import('playwright-core')
+  const chromium = await chromiumDriver()
 
   const origin = await startOrigin()
   origin.set('/notes.txt', 'Shared notes, first draft.\n', { contentType: 'text/plain; charset=utf-8' })
@@ -58,16 +56,11 @@ test('twelve live subscriptions in Chromium, cross-origin, across a proxy restar
     context = await chromium.launchPersistentContext(userDataDir, {
       executablePath: CHROMIUM,
       headless: true,
-      args: [
-        '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      ],
+      args: CHROMIUM_ARGS,
     })
     const tab = context.pages()[0] ?? (await context.newPage())
-    const logs = []
-    tab.on('console', (m) => logs.push(m.text()))
-    tab.on('pageerror', (e) => logs.push('pageerror: ' + e.message))
-    await tab.goto(`${page.url}/?proxy=${encodeURIComponent(proxy.url)}&n=${N}&more=/clock`)
+    const logs = recordConsole(tab)
+    await tab.goto(`${page.url}/?client=braid-http&proxy=${encodeURIComponent(proxy.url)}&n=${N}&more=/clock`)
     const subs = () => tab.evaluate(() => window.braidDemo?.subs ?? [])
     const texts = { '/notes.txt': () => origin.text('/notes.txt'), '/data.json': () => origin.text('/data.json'), '/clock': () => origin.text('/clock') }
     const show = (list) => JSON.stringify(list.map((s) => [s.i, s.path, s.state, s.version, s.reconnects, s.snapshots, s.patches, s.error]))
