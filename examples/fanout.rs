@@ -39,6 +39,11 @@
 //!   bytes are published, then read again: how many stale updates each
 //!   reads before the current one.
 //!
+//! `--edge` measures a second tier: the subscribers and the writes go to a
+//! braid-proxy (pinned, measured) whose upstream is another braid-proxy
+//! (the shield) in front of the origin, so every update reaches the edge
+//! through its upstream subscription.
+//!
 //! `--h2c-conns C` carries the subscribers as streams over C prior-knowledge
 //! h2c connections instead (braid-proxy, or Nchan behind nginx's `http2`
 //! listener, with `--publish` naming its HTTP/1.1 one for the POSTs): the
@@ -118,6 +123,10 @@ struct Args {
     /// connections (`--h2c-conns`; 0, the default: one HTTP/1.1
     /// connection each).
     h2c_conns: usize,
+    /// Measure an edge: subscribers and writes go to a braid-proxy whose
+    /// upstream is another braid-proxy (the shield, not pinned, not
+    /// measured) in front of the origin (`--edge`).
+    edge: bool,
     json: Option<String>,
 }
 
@@ -127,7 +136,7 @@ usage: fanout [--system braid|nchan|pushpin|floor] [--scenario idle|fanout|stall
               [--proxy PATH] [--proxy-cpu CPUS] [--proxy-arg ARG]...
               [--target ADDR --server-pid PID] [--publish ADDR] [--origin ADDR]
               [--sources 1..250] [--inflight N] [--settle SECONDS]
-              [--stamps on|off] [--h2c-conns C] [--json PATH]
+              [--stamps on|off] [--h2c-conns C] [--edge] [--json PATH]
 See the comment at the top of examples/fanout.rs.";
 
 fn args() -> Args {
@@ -151,6 +160,7 @@ fn args() -> Args {
         settle_secs: 1.0,
         stamps: true,
         h2c_conns: 0,
+        edge: false,
         json: None,
     };
     let mut it = std::env::args().skip(1);
@@ -158,6 +168,10 @@ fn args() -> Args {
         if flag == "--help" || flag == "-h" {
             println!("{USAGE}");
             std::process::exit(0);
+        }
+        if flag == "--edge" {
+            a.edge = true;
+            continue;
         }
         let value = it.next().unwrap_or_default();
         let addr = |v: &str| {
@@ -345,8 +359,12 @@ fn answer(doc: &Mutex<Doc>, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 /// Starts braid-proxy; returns its address and process.
-async fn start_proxy(a: &Args, upstream: SocketAddr) -> (SocketAddr, tokio::process::Child) {
-    let mut cmd = match &a.proxy_cpu {
+async fn start_proxy(
+    a: &Args,
+    upstream: SocketAddr,
+    pinned: bool,
+) -> (SocketAddr, tokio::process::Child) {
+    let mut cmd = match a.proxy_cpu.as_ref().filter(|_| pinned) {
         Some(cpu) => {
             let mut c = tokio::process::Command::new("taskset");
             c.args(["-c", cpu, &a.proxy]);
@@ -1032,9 +1050,18 @@ async fn main() {
     }));
     let upstream = origin(a.origin, doc.clone(), a.system == System::Pushpin);
     let mut child = None;
+    // Lives as long as the run: dropped, it kills the shield.
+    let mut _shield = None;
     let (target, root) = match a.system {
         System::Braid => {
-            let (addr, c) = start_proxy(&a, upstream).await;
+            let upstream = if a.edge {
+                let (addr, c) = start_proxy(&a, upstream, false).await;
+                _shield = Some(c);
+                addr
+            } else {
+                upstream
+            };
+            let (addr, c) = start_proxy(&a, upstream, true).await;
             // `taskset` execs the proxy, so this is the proxy's pid either way.
             let pid = c.id().expect("proxy pid");
             child = Some(c);
