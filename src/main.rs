@@ -9,8 +9,8 @@ use clap::Parser;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::EnvFilter;
 
-/// jemalloc gives the memory of dropped state back to the system, with
-/// its background purging thread; glibc's malloc kept most of it
+/// jemalloc gives the memory of dropped state back to the system (its
+/// decay is set in .cargo/config.toml); glibc's malloc kept most of it
 /// (BENCHMARKS.md, "Memory within --state-bytes").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
