@@ -562,9 +562,7 @@ impl Pass for PolledPass {
                     .entry(at)
                     .or_insert_with(|| {
                         crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
-                            .map(|(frame, snapshot)| {
-                                (counted(chunk(&frame), resource.held()), snapshot)
-                            })
+                            .map(|(frame, snapshot)| (counted(chunk(&frame), resource), snapshot))
                     })
                     .clone()
             }
@@ -652,11 +650,13 @@ fn hand_back(link: &Link) {
 /// they are held (a snapshot's chunk for laggards is a copy of its body).
 const COUNTED_CHUNK: usize = 64 * 1024;
 
-/// `bytes`, counted in `held` for as long as any copy of it lives.
-fn counted(bytes: Bytes, held: Arc<AtomicUsize>) -> Bytes {
+/// `bytes`, counted in `resource`'s registry total for as long as any copy
+/// of it lives.
+fn counted(bytes: Bytes, resource: &Resource) -> Bytes {
     if bytes.len() < COUNTED_CHUNK {
         return bytes;
     }
+    let held = resource.held();
     held.fetch_add(bytes.len(), Relaxed);
     Bytes::from_owner(Held { bytes, held })
 }

@@ -598,7 +598,12 @@ impl Relays {
             session.tick.send_modify(|t| t.opened = Some(false));
             this.unregister(&session);
         };
-        let out = match proxy::upstream_request(req, &self.client, &self.config) {
+        // Its window counts against --state-bytes: no new one over the cap.
+        let out = self
+            .registry
+            .make_room()
+            .and_then(|()| proxy::upstream_request(req, &self.client, &self.config));
+        let out = match out {
             Ok(out) => out,
             Err(refusal) => {
                 failed(self);

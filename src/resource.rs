@@ -1058,13 +1058,8 @@ impl Registry {
         template: impl FnOnce() -> HeaderMap,
         with: impl FnOnce(&Arc<Resource>) -> T,
     ) -> Result<(Arc<Resource>, bool, T), Refusal> {
-        if !self.is_tracked(key) && self.is_full() {
-            // New state over the cap: make room, or refuse it.
-            self.enforce_cap();
-            if self.is_full() {
-                Metrics::inc(&self.metrics.state_refusals_total);
-                return Err(state_full(self.limits.state_bytes));
-            }
+        if !self.is_tracked(key) {
+            self.make_room()?;
         }
         let mut urls = lock(&self.urls);
         let variants = urls.entry(key.path.clone()).or_default();
@@ -1224,6 +1219,14 @@ impl Registry {
     /// Drops a resource just made, when the proxy is over `--state-bytes`
     /// once idle resources are evicted: the new state is refused (503).
     pub fn refuse_if_full(&self, resource: &Arc<Resource>) -> Result<(), Refusal> {
+        self.make_room()
+            .inspect_err(|_| self.drop_resource(resource))
+    }
+
+    /// Room for new state (a new resource, a new upstream subscription):
+    /// when over `--state-bytes`, evicts idle resources; still over, the
+    /// refusal (503) to give.
+    pub fn make_room(&self) -> Result<(), Refusal> {
         if !self.is_full() {
             return Ok(());
         }
@@ -1231,7 +1234,6 @@ impl Registry {
         if !self.is_full() {
             return Ok(());
         }
-        self.drop_resource(resource);
         Metrics::inc(&self.metrics.state_refusals_total);
         Err(state_full(self.limits.state_bytes))
     }

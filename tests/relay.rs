@@ -992,3 +992,29 @@ async fn the_operators_status_lists_a_relayed_subscription_and_its_subscribers()
     assert_eq!(doc["health"], "upstream stream live", "{doc}");
     assert_eq!(upstream.requests().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_upstream_subscription_over_the_state_cap_is_refused() {
+    // Every URL's first update is a 1.5 MiB snapshot; the cap is 1 MiB.
+    const DOC: usize = 1536 * 1024;
+    let doc = vec![b'x'; DOC];
+    let mut update =
+        format!("Version: \"v1\"\r\nContent-Length: {}\r\n\r\n", doc.len()).into_bytes();
+    update.extend_from_slice(&doc);
+    let upstream = Upstream::start(move |_, _| Script::stream(&update)).await;
+    let (addr, _) = proxy(&upstream, |c| c.state_bytes = 1024 * 1024).await;
+    let first = subscribe(addr, "/one", &[]).await;
+    assert_eq!(first.status().as_u16(), 209);
+    let mut body = first.into_body();
+    assert!(read_bytes(&mut body, DOC).await.len() >= DOC);
+    // Its window now holds more than the cap: another URL gets no session.
+    let second = subscribe(addr, "/two", &[]).await;
+    assert_eq!(second.status().as_u16(), 503);
+    let reason = common::body_of(second).await;
+    assert!(String::from_utf8_lossy(&reason).contains("--state-bytes"));
+    assert_eq!(
+        upstream.requests().len(),
+        1,
+        "the refused one never went upstream"
+    );
+}
