@@ -20,7 +20,8 @@ use std::time::Duration;
 /// run.mjs first has the proxy serve a Braid server's resource (a 209 and
 /// two GETs, the second a hit), so the suite runs on a proxy that has seen
 /// Braid headers: 294 of 350 on 2026-12-06 (115 before kinds were learned
-/// per resource). Measured 2026-12-03: 292 of 350 (157 of the 165 required), the same in
+/// per resource), then 293 once a 304 naming another ETag stopped
+/// freshening the stored answer (RFC 9111 §4.3.4). Measured 2026-12-03: 292 of 350 (157 of the 165 required), the same in
 /// three runs; commit 0a17993 passed 0, nginx with no cache passes 114, the
 /// best shared cache measured here (ATS with heuristics) 259. The floor
 /// sits two below the measurement for the few tests that hinge on the
