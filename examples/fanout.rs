@@ -511,7 +511,7 @@ async fn subscriber(
         }
     };
     // FANOUT_HYPER_PATH=1 adds a Connection option, which keeps a
-    // braid-proxy subscription off its fast path (src/fastpath.rs): an A/B
+    // braid-proxy subscription off its fast path (src/net/fastpath.rs): an A/B
     // of the proxy's two HTTP/1.1 paths in one binary.
     let hyper_path = if std::env::var_os("FANOUT_HYPER_PATH").is_some() {
         "Connection: keep-alive, x-bench\r\n"

@@ -11,8 +11,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tracing::warn;
 
-use crate::body::{self, Body};
 use crate::error::Refusal;
+use crate::net::body::{self, Body};
 use crate::router::Router;
 
 /// Serves the admin listener until the task is aborted, probing the

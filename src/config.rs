@@ -759,7 +759,7 @@ mod tests {
         assert!(d.upstream.is_none() && d.admin_listen.is_none() && d.admin_token.is_none());
         assert!(d.cors_origins.is_empty() && d.proxy_id.is_empty());
         // multiplex::Limits keeps the same bounds for its own tests.
-        let mux = crate::multiplex::Limits::default();
+        let mux = crate::serve::multiplex::Limits::default();
         assert_eq!(
             (
                 d.max_multiplexers,

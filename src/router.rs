@@ -5,23 +5,21 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::body::{self, Body, BoxError, RequestBody};
-use crate::cache::{self, Reuse, Timing};
+use crate::cache::get::{key_of, Gets};
 use crate::config::{Config, MultiplexMode, UpstreamKind};
 use crate::error::Refusal;
+use crate::feed::braid::{Relayed, Relays};
+use crate::feed::poll::{self, Watchers};
 use crate::metrics::Metrics;
-use crate::multiplex::{self, Multiplexers};
-use crate::proxy::{self, ConnInfo, UpstreamClient};
-use crate::relay::{Relayed, Relays};
-use crate::resource::{
-    History, Key, Kind, Registry, RegistryLimits, Resource, State, Ticket, Tuning,
-};
-use crate::subscribe::{self, BraidRequest, CacheOutcome, Cors, Subscriptions};
-use crate::upstream::{self, Watchers};
+use crate::net::body::{self, Body, BoxError, RequestBody};
+use crate::net::proxy::{self, ConnInfo, UpstreamClient};
+use crate::serve::multiplex::{self, Multiplexers};
+use crate::serve::subscribe::{BraidRequest, Cors, Subscriptions};
+use crate::state::{History, Key, Kind, Registry, RegistryLimits, Resource, Tuning};
 use crate::writes::{self, Writes};
 
 /// The proxy's shared state, a cheap clonable handle.
@@ -42,8 +40,8 @@ struct Inner {
     cors: Cors,
     writes: Writes,
     multiplexers: Multiplexers,
-    /// Bytes of origin answers being copied into state while they stream.
-    copies: Arc<body::CopyBudget>,
+    /// The GET path from state.
+    gets: Arc<Gets>,
 }
 
 impl Router {
@@ -114,6 +112,15 @@ impl Router {
             idle: config.multiplexer_idle,
             ..multiplex::Limits::default()
         });
+        let gets = Arc::new(Gets {
+            config: config.clone(),
+            client: client.clone(),
+            metrics: metrics.clone(),
+            registry: registry.clone(),
+            watchers: watchers.clone(),
+            relays: relays.clone(),
+            copies,
+        });
         let inner = Inner {
             config,
             client,
@@ -126,7 +133,7 @@ impl Router {
             cors,
             writes,
             multiplexers,
-            copies,
+            gets,
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -327,7 +334,7 @@ impl Router {
         match method {
             Method::GET | Method::HEAD if braid.peer_specific => self.pass_through(req).await,
             Method::GET if braid.subscribe => self.subscribe(req, braid).await,
-            Method::GET | Method::HEAD => self.get(req, braid).await,
+            Method::GET | Method::HEAD => self.inner.gets.get(req, braid).await,
             Method::OPTIONS | Method::TRACE => self.pass_through(req).await,
             _ if writes::carries_patches(&req) => self.patch_write(req, braid).await,
             _ => self.unsafe_method(req).await,
@@ -371,12 +378,7 @@ impl Router {
 
     /// The registry key of a request (its variant), and the host it named.
     fn request_key<B>(&self, req: &Request<B>) -> (Key, String) {
-        let host = proxy::request_host(req).unwrap_or_default();
-        let key = self
-            .inner
-            .registry
-            .key_for(&key_of(req), req.headers(), &host);
-        (key, host)
+        self.inner.gets.request_key(req)
     }
 
     /// A write carrying Braid patches: as it is to a Braid upstream, else
@@ -389,7 +391,7 @@ impl Router {
         let inner = &self.inner;
         let (key, _) = self.request_key(&req);
         let path = key.path.clone();
-        if self.kind_of(&key) == Kind::Braid {
+        if self.inner.gets.kind_of(&key) == Kind::Braid {
             return self.unsafe_method(req).await;
         }
         let (resource, _, ()) = inner.registry.get_or_create(
@@ -426,23 +428,6 @@ impl Router {
         proxy::pass_through(req, &self.inner.client, &self.inner.config).await
     }
 
-    /// What the upstream of the resource `key` names is: forced by
-    /// `--upstream-kind`, else as its own answers told (a live relayed
-    /// subscription of the URL says Braid).
-    fn kind_of(&self, key: &Key) -> Kind {
-        let inner = &self.inner;
-        match inner.config.upstream_kind {
-            UpstreamKind::Braid => Kind::Braid,
-            UpstreamKind::Rest => Kind::Plain,
-            UpstreamKind::Auto
-                if inner.registry.is_braid(&key.path) || inner.relays.has_live(&key.path) =>
-            {
-                Kind::Braid
-            }
-            UpstreamKind::Auto => inner.registry.get(key).map_or(Kind::Unknown, |r| r.kind()),
-        }
-    }
-
     /// Asks the upstream for `resource` once (a GET with its template
     /// headers) to learn whether it speaks Braid; the body is not read.
     async fn learn_kind(&self, resource: &Resource) -> Kind {
@@ -451,7 +436,7 @@ impl Router {
             return Kind::Unknown;
         };
         match inner.client.send_watch(req).await {
-            Ok(response) if crate::relay::braid_signs(response.headers()) => {
+            Ok(response) if crate::feed::braid::braid_signs(response.headers()) => {
                 resource.learn_kind(Kind::Braid);
                 inner.registry.learn_braid(resource.key());
             }
@@ -504,7 +489,7 @@ impl Router {
         // request; a plain origin's first answer seeds the polled resource.
         // `Poll`: an equivalent request's answer just showed a plain
         // origin; that request seeds the resource, this one waits for it.
-        let kind = self.kind_of(&key);
+        let kind = self.inner.gets.kind_of(&key);
         let (template, mut seed) = if kind != Kind::Plain {
             match inner
                 .relays
@@ -570,7 +555,7 @@ impl Router {
                 if seeded {
                     resource.wake.notify_one();
                 }
-                upstream::await_validation(&resource, generation, limit).await;
+                poll::await_validation(&resource, generation, limit).await;
             }
             // Another request's answer seeded it: is it this request's variant?
             let rekeyed = inner.registry.key_for(&path, &headers, &host) != key;
@@ -589,447 +574,6 @@ impl Router {
         }
         inner.subscriptions.respond(resource, rx, &braid)
     }
-
-    /// A plain GET or HEAD, answered as a shared cache would (RFC 9111):
-    /// from stored state where it is fresh for this request, after a
-    /// revalidation where it is not, and from the origin otherwise, whose
-    /// answer then seeds the state.
-    async fn get(
-        &self,
-        req: Request<RequestBody>,
-        braid: BraidRequest,
-    ) -> Result<Response<Body>, Refusal> {
-        let inner = &self.inner;
-        let request_cc = cache::request_cache_control(req.headers());
-        let h = req.headers();
-        let bypass = request_cc.no_store
-            || [
-                header::RANGE,
-                header::IF_MATCH,
-                header::IF_UNMODIFIED_SINCE,
-                header::IF_RANGE,
-            ]
-            .iter()
-            .any(|name| h.contains_key(name));
-        if bypass {
-            // Ranges and preconditions other than If-None-Match and
-            // If-Modified-Since are the origin's to evaluate.
-            let response = self.pass_through(req).await?;
-            return Ok(with_cache_status(
-                response,
-                &inner.config.proxy_id,
-                "fwd=bypass",
-            ));
-        }
-        let (mut key, host) = self.request_key(&req);
-        if braid.version.is_none() && braid.parents.is_none() {
-            // A live upstream subscription of this variant validates its model.
-            if let Some(response) = inner.relays.answer_live(&req, &key, &inner.config.proxy_id) {
-                return Ok(response);
-            }
-        }
-        let kind = self.kind_of(&key);
-        if kind != Kind::Plain {
-            // A Braid server's answer depends on the version asked for
-            // (`Vary: Version, Parents`, whether it says so or not).
-            for (name, value) in [("version", &braid.version), ("parents", &braid.parents)] {
-                if let Some(v) = value {
-                    let _ = write!(key.secondary, "\n{name}:{}", v.to_header_value());
-                }
-            }
-        }
-        let resource = inner.registry.get(&key);
-        if let Some(resource) = &resource {
-            if let Some(response) =
-                self.answer_from_state(&req, &braid, resource, &request_cc, false)
-            {
-                return Ok(response);
-            }
-        }
-        if braid.version.is_some() && kind == Kind::Plain {
-            // A version the proxy does not hold: the origin's to answer.
-            let response = self.pass_through(req).await?;
-            return Ok(with_cache_status(
-                response,
-                &inner.config.proxy_id,
-                "fwd=miss; detail=\"version not held\"",
-            ));
-        }
-        if request_cc.only_if_cached {
-            return Ok(only_if_cached_miss());
-        }
-        let guard = match &resource {
-            Some(resource)
-                if !resource
-                    .uncacheable
-                    .load(std::sync::atomic::Ordering::Relaxed) =>
-            {
-                let arrived = resource.validation().generation;
-                let lock = resource.fetching.clone().lock_owned();
-                let guard = tokio::time::timeout(inner.config.response_timeout, lock)
-                    .await
-                    .ok();
-                // Another request fetched while this one waited: its answer may do.
-                if resource.validation().generation != arrived {
-                    if let Some(response) =
-                        self.answer_from_state(&req, &braid, resource, &request_cc, true)
-                    {
-                        return Ok(response);
-                    }
-                }
-                guard
-            }
-            _ => None,
-        };
-        self.fetch(req, key, host, resource, guard).await
-    }
-
-    /// The stored answer, if it may answer this request without the origin.
-    fn answer_from_state<B>(
-        &self,
-        req: &Request<B>,
-        braid: &BraidRequest,
-        resource: &Resource,
-        request_cc: &cache::CacheControl,
-        validated_since_arrival: bool,
-    ) -> Option<Response<Body>> {
-        let stored = resource.stored().filter(|s| !s.invalid)?;
-        let head = resource.head();
-        if let Some(wanted) = &braid.version {
-            if stored.version.as_ref() != Some(wanted) {
-                return None;
-            }
-        }
-        // Never older than the newest version the proxy knows.
-        if stored.version.as_ref().is_some_and(|v| *v != head.version) {
-            return None;
-        }
-        let outcome = if validated_since_arrival {
-            // The origin answered while this request waited for that fetch:
-            // its answer is as current as one this request would get.
-            CacheOutcome::Revalidated
-        } else {
-            let now = std::time::SystemTime::now();
-            match cache::reuse(
-                stored.status,
-                &stored.headers,
-                stored.timing,
-                request_cc,
-                now,
-            ) {
-                Reuse::Fresh { ttl } => CacheOutcome::Hit { ttl },
-                Reuse::Revalidate => return None,
-            }
-        };
-        Metrics::inc(&self.inner.metrics.cache_hits_total);
-        Some(subscribe::serve_stored(
-            req,
-            &stored,
-            &head,
-            outcome,
-            &self.inner.config.proxy_id,
-        ))
-    }
-
-    /// Sends a GET to the origin for a stored answer that cannot be reused
-    /// (a conditional request with its validators) or for none, and stores
-    /// what comes back where RFC 9111 allows: a 304 refreshes the stored
-    /// answer; a storable answer is streamed to the client as it is stored.
-    fn fetch(
-        &self,
-        req: Request<RequestBody>,
-        key: Key,
-        host: String,
-        resource: Option<Arc<Resource>>,
-        guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-    ) -> impl std::future::Future<Output = Result<Response<Body>, Refusal>> + Send + 'static {
-        fetch(self.inner.clone(), req, key, host, resource, guard)
-    }
-}
-
-/// See [`Router::fetch`].
-async fn fetch(
-    inner: Arc<Inner>,
-    req: Request<RequestBody>,
-    key: Key,
-    host: String,
-    resource: Option<Arc<Resource>>,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-) -> Result<Response<Body>, Refusal> {
-    let config = &inner.config;
-    let request_cc = cache::request_cache_control(req.headers());
-    let stored = resource.as_ref().and_then(|r| r.stored());
-    let mut probe = Request::new(());
-    *probe.method_mut() = req.method().clone();
-    *probe.headers_mut() = req.headers().clone();
-    let template = proxy::watcher_template(&req, config);
-    let credentials = req.headers().contains_key(header::AUTHORIZATION);
-    let mut out = proxy::upstream_request(req, &inner.client, config)?;
-    let validators = stored.as_ref().map(|s| {
-        (
-            s.headers.get(header::ETAG).cloned(),
-            s.headers.get(header::LAST_MODIFIED).cloned(),
-        )
-    });
-    let revalidating = matches!(validators, Some((Some(_), _)) | Some((_, Some(_))));
-    if let (true, Some((etag, modified))) = (revalidating, validators.clone()) {
-        let h = out.headers_mut();
-        h.remove(header::IF_NONE_MATCH);
-        h.remove(header::IF_MODIFIED_SINCE);
-        if let Some(etag) = etag {
-            h.insert(header::IF_NONE_MATCH, etag);
-        }
-        if let Some(modified) = modified {
-            h.insert(header::IF_MODIFIED_SINCE, modified);
-        }
-    }
-    let sent = std::time::SystemTime::now();
-    let ticket = Ticket::take();
-    let response = inner.client.send(out).await?;
-    // A Braid server names its versions: the proxy adds none of its own
-    // (issue 19), and the resource is known to be a Braid server's.
-    let braid_answer = crate::relay::braid_signs(response.headers())
-        || config.upstream_kind == UpstreamKind::Braid
-        || inner.registry.is_braid(&key.path);
-    let timing = Timing {
-        request_time: sent,
-        response_time: std::time::SystemTime::now(),
-    };
-    let status = response.status();
-    if let (true, StatusCode::NOT_MODIFIED, Some(resource)) = (revalidating, status, &resource) {
-        let (etag, modified) = validators.unwrap_or_default();
-        // A 304 about an answer no longer stored (a newer one was recorded
-        // meanwhile) merges nothing; the client gets the newer one.
-        let asked = (ticket, etag.as_ref(), modified.as_ref());
-        inner
-            .watchers
-            .not_modified(resource, response.headers(), timing, asked);
-        resource.validated(true);
-        Metrics::inc(&inner.metrics.cache_revalidated_total);
-        if let Some(stored) = resource.stored() {
-            let head = resource.head();
-            return Ok(subscribe::serve_stored(
-                &probe,
-                &stored,
-                &head,
-                CacheOutcome::Revalidated,
-                &config.proxy_id,
-            ));
-        }
-    }
-    let fwd = if stored.is_some() {
-        "stale"
-    } else if resource.is_some() {
-        "miss"
-    } else {
-        "uri-miss"
-    };
-    let not_stored = if probe.method() == Method::HEAD {
-        Some("head")
-    } else {
-        cache::unstorable(&request_cc, status, response.headers(), credentials)
-    };
-    let declared = response
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let not_stored = not_stored.or_else(|| {
-        declared
-            .is_some_and(|n| n > config.max_body_bytes)
-            .then_some("too large")
-    });
-    // The copy kept while the answer streams through counts against a
-    // budget shared by all requests in flight; over it, the answer is only
-    // passed on.
-    let copy_limit = declared.unwrap_or(config.max_body_bytes);
-    let copy = match not_stored {
-        None => inner.copies.reserve(copy_limit),
-        Some(_) => None,
-    };
-    let not_stored = not_stored.or_else(|| copy.is_none().then_some("busy"));
-    let mut response = proxy::downstream_response(response, config);
-    let target: Result<Arc<Resource>, &'static str> = match not_stored {
-        Some(reason) => Err(reason),
-        None => {
-            let vary = cache::vary(response.headers());
-            let key = inner
-                .registry
-                .learn_vary(&key.path, &vary, probe.headers(), &host);
-            inner
-                .registry
-                .get_or_create(&key, || template, |_| ())
-                .map(|(r, _, ())| r)
-                .map_err(|_| match inner.registry.is_full() {
-                    true => "state full",
-                    false => "private cap",
-                })
-        }
-    };
-    let detail = match target {
-        Err(reason) => {
-            if let Some(resource) = &resource {
-                resource
-                    .uncacheable
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            Metrics::inc(&inner.metrics.cache_not_stored_total);
-            format!(
-                "fwd={fwd}; fwd-status={}; detail=\"not stored: {reason}\"",
-                status.as_u16()
-            )
-        }
-        Ok(target) => {
-            let headers = response.headers().clone();
-            let encoded = headers.contains_key(header::CONTENT_ENCODING);
-            // The version this answer will have: the head's when it is the
-            // head's ETag (a written version keeps the writer's id).
-            let head = target.head();
-            let same_etag = matches!(&head.state, State::Present { etag: Some(e), .. }
-                if headers.get(header::ETAG).is_some_and(|v| v.as_bytes() == e.as_bytes()));
-            if braid_answer {
-                target.learn_kind(Kind::Braid);
-                inner.registry.learn_braid(&key.path);
-            }
-            let announced = if same_etag {
-                Some(head.version.clone())
-            } else {
-                crate::resource::announced_version(&headers)
-            }
-            .filter(|_| status == StatusCode::OK && !encoded && !braid_answer);
-            if status == StatusCode::OK
-                && !encoded
-                && !braid_answer
-                && announced.is_none()
-                && declared.is_some()
-            {
-                // The version is a hash of the body: read it (it is
-                // within max-body-bytes) so this answer can name it.
-                Metrics::inc(&inner.metrics.cache_misses_total);
-                let held = fetch_whole(
-                    inner.clone(),
-                    response,
-                    probe,
-                    target,
-                    (timing, ticket),
-                    fwd,
-                    guard,
-                );
-                let answer = held.await;
-                drop(copy);
-                return answer;
-            }
-            if let Some(v) =
-                announced.and_then(|v| HeaderValue::from_str(&v.to_header_value()).ok())
-            {
-                let h = response.headers_mut();
-                h.insert(HeaderName::from_static("version"), v.clone());
-                h.insert(HeaderName::from_static("current-version"), v);
-            }
-            if status == StatusCode::NO_CONTENT || declared == Some(0) {
-                // No body to wait for (a 204's is never polled).
-                inner.watchers.absorb_fetched(
-                    &target,
-                    status,
-                    &headers,
-                    bytes::Bytes::new(),
-                    (timing, ticket),
-                    true,
-                );
-                target.validated(true);
-                drop(guard);
-                Metrics::inc(&inner.metrics.cache_misses_total);
-                let detail = format!("fwd={fwd}; fwd-status={}; stored", status.as_u16());
-                return Ok(with_cache_status(response, &config.proxy_id, &detail));
-            }
-            let watchers = inner.watchers.clone();
-            let body = std::mem::replace(response.body_mut(), body::empty());
-            let done: body::OnComplete = Box::new(move |bytes| {
-                watchers.absorb_fetched(&target, status, &headers, bytes, (timing, ticket), true);
-                target.validated(true);
-            });
-            *response.body_mut() = body::tee(body, copy_limit, (guard, copy), done);
-            format!("fwd={fwd}; fwd-status={}; stored", status.as_u16())
-        }
-    };
-    Metrics::inc(&inner.metrics.cache_misses_total);
-    Ok(with_cache_status(response, &config.proxy_id, &detail))
-}
-
-/// Adds this proxy's `Cache-Status` entry (RFC 9211).
-fn with_cache_status(mut response: Response<Body>, id: &str, detail: &str) -> Response<Body> {
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{id}\"; {detail}")) {
-        response
-            .headers_mut()
-            .append(HeaderName::from_static("cache-status"), v);
-    }
-    response
-}
-
-/// Reads a storable 200 whole (its length is declared and within
-/// `--max-body-bytes`), stores it, and answers from the stored state,
-/// so the answer carries the version derived from the body.
-async fn fetch_whole(
-    inner: Arc<Inner>,
-    response: Response<Body>,
-    probe: Request<()>,
-    target: Arc<Resource>,
-    sent: (Timing, Ticket),
-    fwd: &'static str,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-) -> Result<Response<Body>, Refusal> {
-    use http_body_util::BodyExt;
-    let (parts, body) = response.into_parts();
-    let limit = inner.config.max_body_bytes;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    let read = async move {
-        use bytes::Buf;
-        let mut body = body;
-        let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("origin body failed: {e}"))?;
-            if let Ok(data) = frame.into_data() {
-                if buf.len() + data.remaining() > limit {
-                    return Err("origin body is larger than its Content-Length".to_string());
-                }
-                buf.extend_from_slice(data.chunk());
-            }
-        }
-        Ok::<_, String>(body::compact(buf))
-    };
-    let bytes = match tokio::time::timeout(inner.config.response_timeout, read).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(reason)) => return Err(Refusal::UpstreamBroken(reason)),
-        Err(_) => return Err(Refusal::UpstreamTimeout(inner.config.response_timeout)),
-    };
-    inner
-        .watchers
-        .absorb_fetched(&target, parts.status, &parts.headers, bytes, sent, true);
-    target.validated(true);
-    drop(guard);
-    let stored = target
-        .stored()
-        .ok_or_else(|| Refusal::UpstreamBroken("origin answer could not be stored".into()))?;
-    let head = target.head();
-    Ok(subscribe::serve_stored(
-        &probe,
-        &stored,
-        &head,
-        CacheOutcome::Fetched { fwd },
-        &inner.config.proxy_id,
-    ))
-}
-
-/// The answer to `only-if-cached` when nothing stored will do (RFC 9111 §5.2.1.7).
-fn only_if_cached_miss() -> Response<Body> {
-    let mut response = Response::new(body::full(
-        "nothing stored for this request (only-if-cached)\n",
-    ));
-    *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
-    response
 }
 
 /// The path and query of a `Location` or `Content-Location` value that
@@ -1045,13 +589,4 @@ fn same_origin_target(value: &HeaderValue, host: Option<&str>) -> Option<String>
         return None;
     }
     uri.path_and_query().map(|p| p.as_str().to_string())
-}
-
-/// The registry key of a request: its path and query.
-fn key_of<B>(req: &Request<B>) -> String {
-    req.uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_string()
 }

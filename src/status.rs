@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::feed::braid::Relays;
 use crate::metrics::Metrics;
-use crate::proxy::UpstreamHealth;
-use crate::relay::Relays;
-use crate::resource::{History, Kind, Registry, State};
+use crate::net::proxy::UpstreamHealth;
+use crate::state::{History, Kind, Registry, State};
 
 /// At most this many resources are listed, the most subscribed first.
 pub const MAX_LISTED: usize = 500;

@@ -18,16 +18,16 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::body::{Body, RequestBody};
 use crate::braid::{self, DecodeError, DecodeLimits, Patch, PatchError, RangeUnit, VersionList};
 use crate::cache::Timing;
 use crate::config::Config;
 use crate::error::Refusal;
+use crate::feed::poll::{BodyFailure, Watchers};
 use crate::metrics::Metrics;
-use crate::proxy;
-use crate::resource::{self, Change, Head, Resource, State, Ticket};
-use crate::subscribe::BraidRequest;
-use crate::upstream::{BodyFailure, Watchers};
+use crate::net::body::{Body, RequestBody};
+use crate::net::proxy;
+use crate::serve::subscribe::BraidRequest;
+use crate::state::{self, Change, Head, Resource, State, Ticket};
 
 /// How often the proxy looks again when the origin's document is not the
 /// state it holds, before it gives up with 503.
@@ -397,12 +397,12 @@ impl Write<'_> {
         state: State,
         patches: Vec<Patch>,
     ) -> VersionList {
-        let strong = matches!(&state, State::Present { etag: Some(e), .. } if resource::strong_etag(e).is_some());
+        let strong = matches!(&state, State::Present { etag: Some(e), .. } if state::strong_etag(e).is_some());
         let writers = braid
             .version
             .clone()
             .filter(|v| strong && v.iter().count() == 1 && self.resource.seq_of(v).is_none());
-        let derived = resource::derived_version(&state);
+        let derived = state::derived_version(&state);
         let version = writers.clone().unwrap_or_else(|| derived.clone());
         let w = &self.writes.watchers;
         let change = Change {
@@ -429,7 +429,7 @@ impl Write<'_> {
         for _ in 0..SETTLE_ATTEMPTS {
             let head = self.resource.head();
             let held_etag = match &head.state {
-                State::Present { etag: Some(e), .. } if resource::strong_etag(e).is_some() => {
+                State::Present { etag: Some(e), .. } if state::strong_etag(e).is_some() => {
                     Some(e.as_str())
                 }
                 _ => None,
@@ -513,7 +513,7 @@ impl Write<'_> {
         match self
             .writes
             .watchers
-            .read_body(crate::body::incoming(response.into_body()))
+            .read_body(crate::net::body::incoming(response.into_body()))
             .await {
             Ok(body) => Ok(body),
             Err(BodyFailure::TooLarge) => Err(Refusal::ContentTooLarge(format!(
@@ -555,7 +555,7 @@ impl Write<'_> {
 fn precondition(headers: &HeaderMap, held_etag: Option<&str>) -> Option<(HeaderName, HeaderValue)> {
     let etag = text(headers, header::ETAG).or(held_etag.map(str::to_string));
     if let Some(v) = etag
-        .filter(|e| resource::strong_etag(e).is_some())
+        .filter(|e| state::strong_etag(e).is_some())
         .and_then(|e| HeaderValue::from_str(&e).ok())
     {
         return Some((header::IF_MATCH, v));

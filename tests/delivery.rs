@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_proxy::config::{Config, Upstream};
-use braid_proxy::server::Server;
+use braid_proxy::net::server::Server;
 use bytes::Bytes;
 use http::{Method, Response};
 use http_body_util::Full;
@@ -125,7 +125,7 @@ async fn a_stalled_reader_resumes_with_little_more_than_one_update() {
 }
 
 // ---------------------------------------------------------------------------
-// The HTTP/1.1 fast path (src/fastpath.rs): a subscription that arrives whole
+// The HTTP/1.1 fast path (src/net/fastpath.rs): a subscription that arrives whole
 // is written to the socket by the proxy itself. What it writes must be what
 // hyper would have written, and the connection must behave as under hyper.
 
@@ -344,7 +344,7 @@ async fn a_request_whose_client_left_is_given_up() {
 }
 
 // ---------------------------------------------------------------------------
-// Direct delivery (src/direct.rs): caught-up fast-path subscriptions park,
+// Direct delivery (src/serve/direct.rs): caught-up fast-path subscriptions park,
 // and one sweep per change writes it to all of them.
 
 /// Twenty subscribers, parked once caught up, get every one of 15 changes,

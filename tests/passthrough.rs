@@ -31,7 +31,7 @@ mod support {
     use std::time::Duration;
 
     use braid_proxy::config::{Config, Upstream};
-    use braid_proxy::server::Server;
+    use braid_proxy::net::server::Server;
     use bytes::Bytes;
     use http::{HeaderMap, Method, Request, Response, Uri};
     use http_body_util::combinators::BoxBody;
@@ -1221,7 +1221,7 @@ mod refusals {
         refused(&request, 431, |c| c.max_headers = 20).await;
     }
 
-    /// A subscription (which the proxy may parse itself, src/fastpath.rs)
+    /// A subscription (which the proxy may parse itself, src/net/fastpath.rs)
     /// is held to the same limit.
     #[tokio::test]
     async fn too_many_headers_on_a_subscription_is_431() {

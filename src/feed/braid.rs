@@ -34,7 +34,7 @@
 //! closed at once. Any answer but 209 reaches the client as the upstream
 //! gave it, except that, for a resource not known to be Braid, a 200
 //! without any Braid header shows a plain origin, which the router then
-//! polls ([`crate::upstream`]).
+//! polls ([`crate::feed::poll`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -50,16 +50,16 @@ use hyper::body::Incoming;
 use tokio::sync::{watch, Notify};
 use tracing::debug;
 
-use crate::body::{Body, Chunk, RequestBody};
 use crate::braid::{self, Framer, Patch, Piece, VersionList};
 use crate::cache::{self, Timing, Vary};
 use crate::config::{Config, UpstreamKind};
-use crate::direct;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
-use crate::proxy::{self, UpstreamClient};
-use crate::resource::{Key, Registry, Ticket};
-use crate::subscribe::BraidRequest;
+use crate::net::body::{Body, Chunk, RequestBody};
+use crate::net::proxy::{self, UpstreamClient};
+use crate::serve::direct;
+use crate::serve::subscribe::BraidRequest;
+use crate::state::{Key, Registry, Ticket};
 
 /// The relays of one proxy: its live sessions and what it knows of its upstream.
 pub struct Relays {
@@ -924,7 +924,7 @@ impl Relays {
         let mut wait = Duration::from_millis(100);
         let mut closing = self.closing.clone();
         while tokio::time::Instant::now() < deadline {
-            let mut req = Request::new(crate::body::empty());
+            let mut req = Request::new(crate::net::body::empty());
             *req.uri_mut() = uri.clone();
             *req.headers_mut() = headers.clone();
             let answer = tokio::time::timeout_at(deadline, self.client.send_watch(req)).await;
@@ -1390,7 +1390,7 @@ struct Cursor {
 }
 
 impl Cursor {
-    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::body::BoxError>, Cursor)> {
+    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::net::body::BoxError>, Cursor)> {
         loop {
             if *self.closing.borrow() {
                 return None;
@@ -1614,7 +1614,7 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         .status
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    let mut response = Response::new(crate::body::empty());
+    let mut response = Response::new(crate::net::body::empty());
     let h = response.headers_mut();
     for (name, value) in &known.headers {
         h.insert(name.clone(), value.clone());
@@ -1628,7 +1628,7 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         h.insert("version", v.clone());
         h.insert("current-version", v);
     }
-    if let Ok(v) = http::HeaderValue::from_str(&crate::resource::repr_digest(&known.body)) {
+    if let Ok(v) = http::HeaderValue::from_str(&crate::state::repr_digest(&known.body)) {
         h.insert("repr-digest", v);
     }
     if let Ok(v) = http::HeaderValue::from_str(&format!(
@@ -1659,7 +1659,7 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         http::HeaderValue::from(known.body.len()),
     );
     if req.method() != http::Method::HEAD {
-        *response.body_mut() = crate::body::full(known.body.clone());
+        *response.body_mut() = crate::net::body::full(known.body.clone());
     }
     response
 }

@@ -7,7 +7,7 @@
 //! (write-through, the refresh hook, a plain GET of a stale state), backs
 //! off on errors, and ends after the resource has been idle. A Braid
 //! upstream is not watched: its subscriptions are relayed
-//! ([`crate::relay`]).
+//! ([`crate::feed::braid`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -19,12 +19,12 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tracing::{debug, warn};
 
-use crate::body;
 use crate::braid::VersionList;
 use crate::cache::{self, Timing};
 use crate::metrics::Metrics;
-use crate::proxy::UpstreamClient;
-use crate::resource::{Change, History, Registry, Resource, State, Stored, Ticket, Tuning};
+use crate::net::body;
+use crate::net::proxy::UpstreamClient;
+use crate::state::{Change, History, Registry, Resource, State, Stored, Ticket, Tuning};
 
 /// What a watcher needs, shared by all of them.
 pub struct Watchers {
@@ -169,7 +169,7 @@ impl Watchers {
         &self,
         resource: &Resource,
         if_none_match: Option<HeaderValue>,
-    ) -> Result<Request<crate::body::Body>, crate::error::Refusal> {
+    ) -> Result<Request<crate::net::body::Body>, crate::error::Refusal> {
         let mut req = Request::new(body::empty());
         *req.method_mut() = Method::GET;
         *req.uri_mut() = self.client.uri_for(resource.key())?;
@@ -247,7 +247,7 @@ impl Watchers {
         let body = if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
             Err(BodyFailure::TooLarge)
         } else {
-            self.read_body(crate::body::incoming(body)).await
+            self.read_body(crate::net::body::incoming(body)).await
         };
         let body = match body {
             Ok(body) => body,
@@ -421,7 +421,7 @@ impl Watchers {
     /// Reads a body up to the limit, bounded in time by the response timeout.
     pub(crate) async fn read_body(
         &self,
-        body: crate::body::RequestBody,
+        body: crate::net::body::RequestBody,
     ) -> Result<Bytes, BodyFailure> {
         let limited = http_body_util::Limited::new(body, self.max_body_bytes);
         match tokio::time::timeout(self.response_timeout, limited.collect()).await {

@@ -30,8 +30,8 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 
-use crate::body::{self, Body, RequestBody};
-use crate::direct;
+use crate::net::body::{self, Body, RequestBody};
+use crate::serve::direct;
 
 /// Longest request head looked at; a longer one goes to hyper.
 const PEEK_BYTES: usize = 4096;

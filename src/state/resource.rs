@@ -1,9 +1,9 @@
 //! Versioned resources: the registry URL → [`Resource`], each with its
 //! current state ([`Head`]), a bounded history window, and the watch
 //! channel that wakes its subscribers. How changes are learned lives in
-//! [`crate::upstream`]; this module only records them.
+//! [`crate::feed::poll`]; this module only records them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -15,8 +15,9 @@ use moka::sync::Cache;
 use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
 
+use super::registry::{Key, PrivateSlot, RESOURCE_OVERHEAD};
 use crate::braid::{self, Patch, Update, VersionId, VersionList};
-use crate::cache::{self, Timing, Vary};
+use crate::cache::{Timing, Vary};
 use crate::diff;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
@@ -247,9 +248,9 @@ pub struct Tuning {
 /// handle its watcher is woken by.
 pub struct Resource {
     id: u64,
-    key: String,
+    pub(super) key: String,
     /// The variant within the URL: forwarded host, Vary values, credentials.
-    secondary: String,
+    pub(super) secondary: String,
     /// The request headers its watcher sends upstream: the creating
     /// request's end-to-end headers and forwarding headers.
     pub template: HeaderMap,
@@ -257,12 +258,12 @@ pub struct Resource {
     pub private: bool,
     /// Its slot under `--max-private-resources`, held while it is tracked
     /// and given back once, when it is dropped (see [`PrivateSlot`]).
-    slot: Mutex<Option<PrivateSlot>>,
+    pub(super) slot: Mutex<Option<PrivateSlot>>,
     /// What its upstream is, as learned from its own answers ([`Kind`]).
     kind: std::sync::atomic::AtomicU8,
     /// Why it could not be tracked, for the requests waiting on its first
     /// state (the private cap): they get this rather than a bare 502.
-    refused: Mutex<Option<String>>,
+    pub(super) refused: Mutex<Option<String>>,
     head: watch::Sender<Arc<Head>>,
     /// The origin's last answer to a GET, for plain GETs (RFC 9111).
     stored: Mutex<Option<Arc<Stored>>>,
@@ -272,30 +273,30 @@ pub struct Resource {
     /// The `Vary` its key was computed under.
     pub vary: Vary,
     /// Set while a watcher task runs for this resource.
-    watching: std::sync::atomic::AtomicBool,
+    pub(super) watching: std::sync::atomic::AtomicBool,
     /// Set when the origin's last answer could not be stored: requests then
     /// go to the origin without waiting on each other.
     pub uncacheable: std::sync::atomic::AtomicBool,
     /// Set when it was taken out of the registry (its first answer showed it
     /// is not shareable under its key): only its current subscribers use it.
-    detached: std::sync::atomic::AtomicBool,
+    pub(super) detached: std::sync::atomic::AtomicBool,
     /// Bytes counted for this resource in the registry's total.
-    weight: std::sync::atomic::AtomicUsize,
+    pub(super) weight: std::sync::atomic::AtomicUsize,
     /// Set when the registry dropped it: its bytes are no longer counted.
-    gone: std::sync::atomic::AtomicBool,
+    pub(super) gone: std::sync::atomic::AtomicBool,
     total: Arc<std::sync::atomic::AtomicUsize>,
     window: Mutex<Window>,
     /// Wakes the watcher for an immediate revalidation.
     pub wake: Notify,
     /// Bumped after every revalidation attempt, successful or not.
     validated: watch::Sender<Validation>,
-    last_used: Mutex<Instant>,
+    pub(super) last_used: Mutex<Instant>,
     /// Held while an origin answer is recorded (watcher, GETs and writes
     /// all record): the ticket of the newest answer recorded, or of the
     /// latest write's landing. An answer with an older ticket is not.
     publishing: Mutex<Ticket>,
     /// Its parked HTTP/1.1 subscribers, written to directly on each change.
-    pub direct: Arc<crate::direct::Parked>,
+    pub direct: Arc<crate::serve::direct::Parked>,
 }
 
 impl Drop for Resource {
@@ -352,7 +353,7 @@ impl Recording<'_> {
 }
 
 impl Resource {
-    fn new(
+    pub(super) fn new(
         id: u64,
         key: Key,
         template: HeaderMap,
@@ -909,7 +910,7 @@ pub fn strong_etag(etag: &str) -> Option<String> {
     valid.then(|| inner.to_string())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -924,388 +925,6 @@ pub enum Kind {
     Plain = 1,
     /// A Braid server: its subscriptions are relayed (and understood).
     Braid = 2,
-}
-
-/// One resource's place under `--max-private-resources`: taken by
-/// [`Registry::reserve_private`], given back when dropped, so it is given
-/// back exactly once whatever path drops the resource.
-struct PrivateSlot {
-    count: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Drop for PrivateSlot {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Bytes a resource costs beyond its key and bodies, for the state cap.
-const RESOURCE_OVERHEAD: usize = 1024;
-
-/// Where a resource sits in the registry: the URL (path and query), and
-/// the variant within it ([`cache::secondary_key`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Key {
-    pub path: String,
-    pub secondary: String,
-    /// The `Vary` the secondary key was computed under.
-    pub vary: Vary,
-}
-
-/// The variants of one URL, and the `Vary` its origin last answered with.
-#[derive(Default)]
-struct Variants {
-    vary: Vary,
-    /// A Braid server answered for this URL (a 209, or Braid headers):
-    /// its answers are relayed, never polled, even a 404 without them.
-    braid: bool,
-    by_key: HashMap<String, Arc<Resource>>,
-}
-
-/// Limits of the registry.
-#[derive(Debug, Clone, Copy)]
-pub struct RegistryLimits {
-    /// Bytes of all tracked states together (`--state-bytes`).
-    pub state_bytes: usize,
-    /// Resources keyed by credentials or detached (`--max-private-resources`).
-    pub max_private: usize,
-}
-
-/// The registry of tracked resources: URL → variants.
-pub struct Registry {
-    urls: Mutex<HashMap<String, Variants>>,
-    next_id: std::sync::atomic::AtomicU64,
-    private: Arc<std::sync::atomic::AtomicUsize>,
-    total: Arc<std::sync::atomic::AtomicUsize>,
-    limits: RegistryLimits,
-    metrics: Arc<Metrics>,
-    /// Bytes held outside the resources' own weights (windows, relayed
-    /// windows, copies of answers in flight), counted against the same cap.
-    others: Mutex<Vec<HeldElsewhere>>,
-}
-
-/// Reads the bytes one other holder keeps now.
-type HeldElsewhere = Box<dyn Fn() -> usize + Send + Sync>;
-
-impl Registry {
-    pub fn new(metrics: Arc<Metrics>, limits: RegistryLimits) -> Registry {
-        Registry {
-            urls: Mutex::default(),
-            next_id: 1.into(),
-            private: Arc::default(),
-            total: Arc::default(),
-            limits,
-            metrics,
-            others: Mutex::default(),
-        }
-    }
-
-    /// Whether `key` is tracked now.
-    fn is_tracked(&self, key: &Key) -> bool {
-        lock(&self.urls)
-            .get(&key.path)
-            .is_some_and(|v| v.by_key.contains_key(&key.secondary))
-    }
-
-    /// The key of a request for `path` from `host`, under the `Vary` the
-    /// origin last gave for that URL.
-    pub fn key_for(&self, path: &str, headers: &HeaderMap, host: &str) -> Key {
-        let urls = lock(&self.urls);
-        let vary = urls.get(path).map(|v| v.vary.clone()).unwrap_or_default();
-        Key {
-            path: path.to_string(),
-            secondary: cache::secondary_key(headers, host, &vary),
-            vary,
-        }
-    }
-
-    /// Records the `Vary` of an answer for `path`; returns the key the
-    /// request with `headers` has under it.
-    pub fn learn_vary(&self, path: &str, vary: &Vary, headers: &HeaderMap, host: &str) -> Key {
-        self.record_vary(path, vary);
-        Key {
-            path: path.to_string(),
-            secondary: cache::secondary_key(headers, host, vary),
-            vary: vary.clone(),
-        }
-    }
-
-    /// Records that a Braid server answered for `path`.
-    pub fn learn_braid(&self, path: &str) {
-        lock(&self.urls).entry(path.to_string()).or_default().braid = true;
-    }
-
-    /// Whether a Braid server answered for `path` (while the URL is tracked).
-    pub fn is_braid(&self, path: &str) -> bool {
-        lock(&self.urls).get(path).is_some_and(|v| v.braid)
-    }
-
-    /// Records the `Vary` the origin last answered `path` with.
-    pub fn record_vary(&self, path: &str, vary: &Vary) {
-        let mut urls = lock(&self.urls);
-        let entry = urls.entry(path.to_string()).or_default();
-        if entry.vary != *vary {
-            entry.vary = vary.clone();
-        }
-    }
-
-    /// The resource for `key`, and whether it was just created. `with`
-    /// runs under the registry lock, so a subscriber it registers cannot
-    /// race the idle removal. A new private resource over the cap is a 503.
-    pub fn get_or_create<T>(
-        &self,
-        key: &Key,
-        template: impl FnOnce() -> HeaderMap,
-        with: impl FnOnce(&Arc<Resource>) -> T,
-    ) -> Result<(Arc<Resource>, bool, T), Refusal> {
-        if !self.is_tracked(key) {
-            self.make_room()?;
-        }
-        let mut urls = lock(&self.urls);
-        let variants = urls.entry(key.path.clone()).or_default();
-        if let Some(r) = variants.by_key.get(&key.secondary) {
-            r.touch();
-            let t = with(r);
-            return Ok((r.clone(), false, t));
-        }
-        let private = key.secondary.contains("\ncredentials:");
-        let slot = match private {
-            true => Some(
-                self.reserve_private()
-                    .ok_or_else(|| private_cap(self.limits.max_private))?,
-            ),
-            false => None,
-        };
-        let id = self.next_id.fetch_add(1, Relaxed);
-        let r = Arc::new(Resource::new(
-            id,
-            key.clone(),
-            template(),
-            private,
-            self.total.clone(),
-        ));
-        *lock(&r.slot) = slot;
-        variants.by_key.insert(key.secondary.clone(), r.clone());
-        self.metrics.resources.fetch_add(1, Relaxed);
-        let t = with(&r);
-        drop(urls);
-        self.enforce_cap();
-        Ok((r, true, t))
-    }
-
-    fn reserve_private(&self) -> Option<PrivateSlot> {
-        let max = self.limits.max_private;
-        self.private
-            .fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
-            .ok()?;
-        Some(PrivateSlot {
-            count: self.private.clone(),
-        })
-    }
-
-    /// The resource for `key`, if tracked.
-    pub fn get(&self, key: &Key) -> Option<Arc<Resource>> {
-        let urls = lock(&self.urls);
-        let r = urls.get(&key.path)?.by_key.get(&key.secondary)?.clone();
-        r.touch();
-        Some(r)
-    }
-
-    /// Every tracked resource (for the admin listener's reports).
-    pub fn all(&self) -> Vec<Arc<Resource>> {
-        lock(&self.urls)
-            .values()
-            .flat_map(|v| v.by_key.values().cloned())
-            .collect()
-    }
-
-    /// Resources tracked as private (credentialed or detached).
-    pub fn private_count(&self) -> usize {
-        self.private.load(Relaxed)
-    }
-
-    /// Every tracked variant of `path`.
-    pub fn variants(&self, path: &str) -> Vec<Arc<Resource>> {
-        lock(&self.urls)
-            .get(path)
-            .map(|v| v.by_key.values().cloned().collect())
-            .unwrap_or_default()
-    }
-
-    /// Takes `resource` out of the registry: no new request finds it; its
-    /// current subscribers keep it. Counted as private from then on.
-    /// Over the private cap it is dropped instead, and the requests
-    /// waiting on it get the cap's 503 ([`Resource::refusal`]).
-    pub fn detach(&self, resource: &Arc<Resource>) -> Result<(), Refusal> {
-        if resource.is_detached() {
-            return Ok(());
-        }
-        let mut slot = lock(&resource.slot);
-        if slot.is_none() {
-            match self.reserve_private() {
-                Some(taken) => *slot = Some(taken),
-                None => {
-                    drop(slot);
-                    let refusal = private_cap(self.limits.max_private);
-                    *lock(&resource.refused) = Some(refusal.to_string());
-                    self.drop_resource(resource);
-                    return Err(refusal);
-                }
-            }
-        }
-        drop(slot);
-        resource.detached.store(true, Relaxed);
-        self.unlink(resource);
-        Ok(())
-    }
-
-    fn unlink(&self, resource: &Arc<Resource>) {
-        let mut urls = lock(&self.urls);
-        if let Some(variants) = urls.get_mut(&resource.key) {
-            if variants
-                .by_key
-                .get(&resource.secondary)
-                .is_some_and(|r| Arc::ptr_eq(r, resource))
-            {
-                variants.by_key.remove(&resource.secondary);
-                self.metrics.resources.fetch_sub(1, Relaxed);
-            }
-            if variants.by_key.is_empty() && !variants.braid && variants.vary == Vary::None {
-                urls.remove(&resource.key);
-            }
-        }
-    }
-
-    /// Marks `resource` as watched, unless it already is; true when the
-    /// caller must start its watcher.
-    pub fn claim_watcher(&self, resource: &Resource) -> bool {
-        let _urls = lock(&self.urls);
-        !resource.watching.swap(true, Relaxed)
-    }
-
-    /// Called by a watcher about to end because `resource` has had no
-    /// subscribers for `idle`. Returns false (keep watching) when a
-    /// subscriber came in meanwhile. A shared resource with a stored answer
-    /// stays in the registry for plain GETs; others are dropped.
-    pub fn watcher_done(&self, resource: &Arc<Resource>, idle: Duration) -> bool {
-        {
-            let _urls = lock(&self.urls);
-            if resource.subscribers() > 0 || resource.idle_for() < idle {
-                return false;
-            }
-            resource.watching.store(false, Relaxed);
-        }
-        // A private resource gives its slot back when idle: a stored
-        // answer only its own client could reuse does not hold one.
-        if resource.is_detached() || resource.private || resource.stored().is_none() {
-            self.drop_resource(resource);
-        }
-        true
-    }
-
-    /// Removes a resource for good, releasing its bytes and private slot.
-    /// Idempotent: the slot and the weight are taken, so a second call
-    /// (eviction racing the watcher's end) gives nothing back twice.
-    fn drop_resource(&self, resource: &Arc<Resource>) {
-        self.unlink(resource);
-        drop(lock(&resource.slot).take());
-        // Never counted again, whatever is still recorded into it.
-        resource.gone.store(true, Relaxed);
-        resource.wake.notify_one();
-        let weight = resource.weight.swap(0, Relaxed);
-        self.total.fetch_sub(weight, Relaxed);
-    }
-
-    /// Drops a resource just made, when the proxy is over `--state-bytes`
-    /// once idle resources are evicted: the new state is refused (503).
-    pub fn refuse_if_full(&self, resource: &Arc<Resource>) -> Result<(), Refusal> {
-        self.make_room()
-            .inspect_err(|_| self.drop_resource(resource))
-    }
-
-    /// Room for new state (a new resource, a new upstream subscription):
-    /// when over `--state-bytes`, evicts idle resources; still over, the
-    /// refusal (503) to give.
-    pub fn make_room(&self) -> Result<(), Refusal> {
-        if !self.is_full() {
-            return Ok(());
-        }
-        self.enforce_cap();
-        if !self.is_full() {
-            return Ok(());
-        }
-        Metrics::inc(&self.metrics.state_refusals_total);
-        Err(state_full(self.limits.state_bytes))
-    }
-
-    /// Bytes held by all tracked states and by the holders registered
-    /// with [`Registry::count_also`]: what `--state-bytes` caps.
-    pub fn state_bytes(&self) -> usize {
-        let others: usize = lock(&self.others).iter().map(|held| held()).sum();
-        self.total.load(Relaxed) + others
-    }
-
-    /// Whether more than `--state-bytes` is held.
-    pub fn is_full(&self) -> bool {
-        self.state_bytes() > self.limits.state_bytes
-    }
-
-    /// Counts the bytes `held` reads against the cap too.
-    pub fn count_also(&self, held: impl Fn() -> usize + Send + Sync + 'static) {
-        lock(&self.others).push(Box::new(held));
-    }
-
-    /// Evicts the least recently used resources that have neither
-    /// subscribers nor a watcher until the total is under the cap (with
-    /// some room, so a stream of new URLs does not scan on every request).
-    pub fn enforce_cap(&self) {
-        let cap = self.limits.state_bytes;
-        if self.state_bytes() <= cap {
-            return;
-        }
-        let target = cap - cap / 8;
-        let mut idle: Vec<(Instant, Arc<Resource>)> = lock(&self.urls)
-            .values()
-            .flat_map(|v| v.by_key.values())
-            .filter(|r| r.subscribers() == 0 && !r.watching.load(Relaxed))
-            .map(|r| (*lock(&r.last_used), r.clone()))
-            .collect();
-        idle.sort_by_key(|(at, _)| *at);
-        for (_, r) in idle {
-            if self.state_bytes() <= target {
-                break;
-            }
-            self.drop_resource(&r);
-            Metrics::inc(&self.metrics.state_evictions_total);
-        }
-    }
-
-    /// Number of tracked resources.
-    pub fn len(&self) -> usize {
-        lock(&self.urls).values().map(|v| v.by_key.len()).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-fn state_full(limit: usize) -> Refusal {
-    Refusal::Unavailable {
-        reason: format!(
-            "the proxy's state is full: resources in use hold its --state-bytes ({limit} bytes); retry later"
-        ),
-        retry_after: Duration::from_secs(5),
-    }
-}
-
-fn private_cap(limit: usize) -> Refusal {
-    Refusal::Unavailable {
-        reason: format!(
-            "too many private (credentialed or unshareable) resources tracked (limit {limit}); retry later"
-        ),
-        retry_after: Duration::from_secs(5),
-    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! Direct delivery: one pass per update writes it to every caught-up
 //! HTTP/1.1 subscriber's socket, instead of waking one task per subscriber.
 //!
-//! A subscription answered on the fast path ([`crate::fastpath`]) that has
+//! A subscription answered on the fast path ([`crate::net::fastpath`]) that has
 //! sent everything up to its source's head *parks*: its connection task
 //! stops polling the subscription body (so nothing wakes it on a change)
 //! and registers its socket in the source's [`Parked`] set. A source is a
 //! polled resource ([`Polled`]: its updates are the proxy's own) or a
-//! relayed upstream subscription (`crate::relay`: its updates are the
+//! relayed upstream subscription (`crate::feed::braid`: its updates are the
 //! upstream's bytes). When the source has more, its sweeper task takes
 //! each parked subscriber in
 //! turn and writes the update to its socket with one non-blocking
@@ -15,7 +15,7 @@
 //! chunk stays parked, with its position (its [`Link`]) advanced. Any other
 //! outcome hands the subscriber back to its own task, which finishes the
 //! chunk the sweep began, if any, and continues on the ordinary path of
-//! [`crate::subscribe`]: a laggard gets one collapsed update when its
+//! [`crate::serve::subscribe`]: a laggard gets one collapsed update when its
 //! socket drains, exactly as before. There is still no queue: the sweep
 //! holds one shared chunk, and a parked subscriber is a position and a
 //! socket.
@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
 use crate::metrics::Metrics;
-use crate::resource::{Head, History, Resource};
+use crate::state::{Head, History, Resource};
 
 /// What parked subscribers follow: positions (`u64`, only growing) and the
 /// bytes that take a subscriber from one to the newest.
@@ -561,8 +561,14 @@ impl Pass for PolledPass {
                 lock(&self.others)
                     .entry(at)
                     .or_insert_with(|| {
-                        crate::subscribe::frame_from(resource, Some(at), head, history, metrics)
-                            .map(|(frame, snapshot)| (counted(chunk(&frame), resource), snapshot))
+                        crate::serve::subscribe::frame_from(
+                            resource,
+                            Some(at),
+                            head,
+                            history,
+                            metrics,
+                        )
+                        .map(|(frame, snapshot)| (counted(chunk(&frame), resource), snapshot))
                     })
                     .clone()
             }
@@ -681,7 +687,7 @@ impl Drop for Held {
 
 /// `data` as one HTTP/1.1 chunk.
 pub fn chunk(data: &[u8]) -> Bytes {
-    let size = crate::fastpath::ChunkSize::new(data.len());
+    let size = crate::net::fastpath::ChunkSize::new(data.len());
     let mut out = BytesMut::with_capacity(size.as_bytes().len() + data.len() + 2);
     out.put_slice(size.as_bytes());
     out.put_slice(data);

@@ -19,11 +19,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
 use crate::admin;
-use crate::body::BoxError;
-use crate::coalesce::Coalesce;
 use crate::config::Config;
-use crate::fastpath;
-use crate::proxy::ConnInfo;
+use crate::net::body::BoxError;
+use crate::net::coalesce::Coalesce;
+use crate::net::fastpath;
+use crate::net::proxy::ConnInfo;
 use crate::router::Router;
 
 /// Write-buffer bound per connection: hyper stops pulling a response body
@@ -291,7 +291,7 @@ fn serve_connection(
                     return;
                 };
                 // Shared while the response lasts: direct delivery writes
-                // to a parked subscription's socket (src/direct.rs).
+                // to a parked subscription's socket (src/serve/direct.rs).
                 let shared = Arc::new(stream);
                 let after = fastpath::write_response(&shared, response).await;
                 if spoke || after == fastpath::After::Close || *closing.borrow() {
@@ -307,7 +307,7 @@ fn serve_connection(
         }
         let result = if h2 {
             // The frames of all the streams one update wakes go out in one
-            // write (src/coalesce.rs).
+            // write (src/net/coalesce.rs).
             let io = TokioIo::new(Coalesce::new(stream));
             // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
             // and inline it would size every connection's task.
@@ -360,7 +360,7 @@ async fn serve_h2(
 
 /// What the service of a connection returns for one request.
 type Answer = std::pin::Pin<
-    Box<dyn Future<Output = Result<http::Response<crate::body::Body>, Infallible>> + Send>,
+    Box<dyn Future<Output = Result<http::Response<crate::net::body::Body>, Infallible>> + Send>,
 >;
 
 /// The service of one connection. The request future is boxed: hyper keeps
@@ -379,7 +379,7 @@ fn service(
     served: Option<Arc<AtomicBool>>,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
-    Response = http::Response<crate::body::Body>,
+    Response = http::Response<crate::net::body::Body>,
     Error = Infallible,
     Future = Answer,
 > + Clone {
@@ -387,13 +387,21 @@ fn service(
         if let Some(served) = &served {
             served.store(true, Ordering::Relaxed);
         }
-        answer(router.clone(), req.map(crate::body::incoming), conn_info)
+        answer(
+            router.clone(),
+            req.map(crate::net::body::incoming),
+            conn_info,
+        )
     })
 }
 
 /// The future of one request: a box holding the request until it is first
 /// polled, and `Router::handle`'s future, boxed then (see `service`).
-fn answer(router: Router, req: http::Request<crate::body::RequestBody>, conn: ConnInfo) -> Answer {
+fn answer(
+    router: Router,
+    req: http::Request<crate::net::body::RequestBody>,
+    conn: ConnInfo,
+) -> Answer {
     Box::pin(async move {
         let handle = Box::pin(router.handle(req, conn));
         Ok::<_, Infallible>(handle.await)
@@ -404,11 +412,11 @@ fn answer(router: Router, req: http::Request<crate::body::RequestBody>, conn: Co
 mod tests {
     use super::*;
 
-    fn request() -> http::Request<crate::body::RequestBody> {
+    fn request() -> http::Request<crate::net::body::RequestBody> {
         http::Request::builder()
             .uri("/doc")
             .header("subscribe", "true")
-            .body(crate::body::no_request_body())
+            .body(crate::net::body::no_request_body())
             .expect("request")
     }
 

@@ -34,8 +34,8 @@ use http_body::{Body as _, Frame};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
-use crate::body::{self, Body, BoxError, Chunk};
 use crate::error::Refusal;
+use crate::net::body::{self, Body, BoxError, Chunk};
 
 /// The protocol version this module speaks.
 pub const VERSION: &str = "1.0";

@@ -19,12 +19,12 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tokio::sync::watch;
 
-use crate::body::{self, Body, Chunk};
 use crate::braid::{self, VersionList};
 use crate::cache;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
-use crate::resource::{Head, History, Resource, State, Stored};
+use crate::net::body::{self, Body, Chunk};
+use crate::state::{Head, History, Resource, State, Stored};
 
 /// What a subscription request asked for, parsed and validated.
 #[derive(Debug, Default)]
@@ -138,8 +138,8 @@ impl Drop for Counted {
 
 /// A subscriber: a cursor into the shared history and nothing more.
 struct Cursor {
-    /// Its position as direct delivery ([`crate::direct`]) may advance it.
-    link: Arc<crate::direct::Link>,
+    /// Its position as direct delivery ([`crate::serve::direct`]) may advance it.
+    link: Arc<crate::serve::direct::Link>,
     resource: Arc<Resource>,
     head: watch::Receiver<Arc<Head>>,
     /// The seq the client has; `None` when it needs a snapshot.
@@ -208,9 +208,9 @@ impl Subscriptions {
         };
         let interval = request.heartbeats.unwrap_or(self.default_heartbeat);
         let heartbeat = (!interval.is_zero()).then(|| self.heartbeats.ticker(interval));
-        let link = Arc::new(crate::direct::Link::default());
-        let handle = crate::direct::Handle {
-            source: Arc::new(crate::direct::Polled {
+        let link = Arc::new(crate::serve::direct::Link::default());
+        let handle = crate::serve::direct::Handle {
+            source: Arc::new(crate::serve::direct::Polled {
                 resource: Arc::downgrade(&resource),
                 history: self.history.clone(),
                 metrics: self.metrics.clone(),
@@ -289,13 +289,13 @@ impl Subscriptions {
 
 impl Cursor {
     /// The next frame for this subscriber, waiting until there is one.
-    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::body::BoxError>, Cursor)> {
+    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::net::body::BoxError>, Cursor)> {
         loop {
             if *self.closing.borrow() {
                 return None;
             }
             let advanced = self.link.at.load(std::sync::atomic::Ordering::Acquire);
-            if advanced != crate::direct::NONE {
+            if advanced != crate::serve::direct::NONE {
                 self.at = Some(advanced);
             }
             let head = self.head.borrow_and_update().clone();

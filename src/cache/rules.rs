@@ -559,7 +559,7 @@ pub fn not_modified_since(last_modified: Option<&HeaderValue>, if_modified_since
 /// The end-to-end headers of a response, as a cache stores them.
 pub fn stored_headers(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
-    crate::proxy::strip_hop_by_hop(&mut out);
+    crate::net::proxy::strip_hop_by_hop(&mut out);
     out.remove(header::CONTENT_LENGTH);
     out
 }

@@ -14,10 +14,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::body::{self, Body};
 use crate::config::{Config, Upstream};
 use crate::error::{describe, Refusal};
 use crate::metrics::Metrics;
+use crate::net::body::{self, Body};
 
 /// Facts about the connection a request arrived on, put in its extensions.
 #[derive(Debug, Clone, Copy)]
@@ -452,7 +452,7 @@ pub fn upstream_request<B>(
 ) -> Result<Request<Body>, Refusal>
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<crate::body::BoxError>,
+    B::Error: Into<crate::net::body::BoxError>,
 {
     let host = request_host(&req);
     let (parts, incoming) = req.into_parts();
@@ -508,7 +508,7 @@ pub fn downstream_response(response: Response<Incoming>, config: &Config) -> Res
 
 /// Plain pass-through of one request.
 pub async fn pass_through(
-    req: Request<crate::body::RequestBody>,
+    req: Request<crate::net::body::RequestBody>,
     client: &UpstreamClient,
     config: &Config,
 ) -> Result<Response<Body>, Refusal> {

@@ -1,0 +1,15 @@
+//! The one resource model both feeds write into: a [`Resource`] per URL and
+//! variant, with its current state ([`Head`]), its bounded window of
+//! updates, and the order in which origin answers may be recorded
+//! ([`Ticket`]); and the [`Registry`] that keys, caps and evicts them.
+//! How changes are learned lives in [`crate::feed`]; this module only
+//! records them.
+
+pub mod registry;
+pub mod resource;
+
+pub use registry::{Key, Registry, RegistryLimits};
+pub use resource::{
+    announced_version, derived_version, repr_digest, strong_etag, Change, Head, History, Kind,
+    Recording, Resource, State, Stored, Ticket, Tuning, Validation,
+};
