@@ -37,7 +37,7 @@
 //! polls ([`crate::feed::poll`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -45,7 +45,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::{watch, Notify};
 use tracing::debug;
@@ -55,10 +55,12 @@ use crate::cache::{self, Timing, Vary};
 use crate::config::{Config, UpstreamKind};
 use crate::error::Refusal;
 use crate::metrics::Metrics;
-use crate::net::body::{Body, Chunk, RequestBody};
+use crate::net::body::{Body, RequestBody};
 use crate::net::proxy::{self, UpstreamClient};
+use crate::serve::cursor::{Cursor, Parts};
 use crate::serve::direct;
 use crate::serve::subscribe::BraidRequest;
+use crate::state::window::{Frozen, Step, Window};
 use crate::state::{Key, Registry, Ticket};
 
 /// The relays of one proxy: its live sessions and what it knows of its upstream.
@@ -144,7 +146,7 @@ pub struct Session {
     head: Mutex<Option<RelayedHead>>,
     /// The opener's request as sent upstream, for a resume (`--hold-upstream-breaks`).
     request: Mutex<Option<(http::Uri, HeaderMap)>>,
-    window: Mutex<Window>,
+    window: Mutex<Received>,
     tick: watch::Sender<Tick>,
     subscribers: AtomicUsize,
     /// Woken when a subscriber leaves.
@@ -275,7 +277,7 @@ struct RelayedHead {
 
 /// The updates a session received, oldest first, bounded in count and bytes.
 #[derive(Default)]
-struct Window {
+struct Received {
     /// Sequence number of `entries[0]`; entries count from 0 for the stream's first.
     first: u64,
     entries: VecDeque<Entry>,
@@ -297,7 +299,7 @@ struct Window {
 /// after an upstream's first update (the next ones expect what it did).
 const USUAL_BLANKS_AFTER_UPDATE: usize = 2;
 
-impl Window {
+impl Received {
     /// Learns how many blank lines the upstream writes after an update.
     fn framed(&mut self, update: bool) {
         if !update {
@@ -1049,7 +1051,6 @@ impl Relays {
         let guard = Subscriber {
             session: session.clone(),
             metrics: self.metrics.clone(),
-            opened: None,
         };
         let before = self.metrics.subscriptions.fetch_add(1, Relaxed);
         let busy = if before >= self.config.max_subscriptions as i64 {
@@ -1071,32 +1072,32 @@ impl Relays {
         let head = lock(&session.head).clone().ok_or_else(|| {
             Refusal::UpstreamBroken("the upstream subscription has no head".into())
         })?;
-        let tick = session.tick.subscribe();
-        let mut guard = guard;
-        guard.opened = Some(std::time::Instant::now());
-        tracing::info!(target: "subscription", resource = guard.path(), relayed = true, "subscription open");
         let link = Arc::new(direct::Link::default());
+        let window: Arc<dyn Window> = Arc::new(SessionWindow {
+            session: Arc::downgrade(&session),
+            metrics: self.metrics.clone(),
+        });
         let handle = direct::Handle {
-            source: Arc::new(SessionSource {
-                session: Arc::downgrade(&session),
-                metrics: self.metrics.clone(),
-            }),
+            window: window.clone(),
             parked: session.direct.clone(),
             link: link.clone(),
             metrics: self.metrics.clone(),
             heartbeat: None,
             closing: self.closing.clone(),
         };
-        let cursor = Cursor {
+        let body = Cursor::body(Parts {
+            window,
+            changes: session.tick.subscribe(),
             link,
-            next: start,
-            tick,
+            at: start,
+            heartbeat: None,
             closing: self.closing.clone(),
             metrics: self.metrics.clone(),
-            guard,
-        };
-        let stream = futures_util::stream::unfold(cursor, Cursor::next);
-        let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+            held: Box::new(guard),
+            name: session.path.clone(),
+            relayed: true,
+        });
+        let mut response = Response::new(body);
         response.extensions_mut().insert(handle);
         *response.status_mut() = head.status;
         *response.headers_mut() = head.headers;
@@ -1274,7 +1275,7 @@ impl Session {
     }
 }
 
-impl Window {
+impl Received {
     /// Appends an entry, dropping the oldest beyond `--history-len`
     /// updates, `--max-body-bytes` bytes, or while all windows together
     /// hold more than `--history-bytes` (the newest always stays).
@@ -1350,172 +1351,106 @@ impl Drop for Pending<'_> {
 struct Subscriber {
     session: Arc<Session>,
     metrics: Arc<Metrics>,
-    /// Set once the subscription is accepted (and its open logged).
-    opened: Option<std::time::Instant>,
-}
-
-impl Subscriber {
-    /// The URL of the session's resource.
-    fn path(&self) -> &str {
-        &self.session.path
-    }
 }
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        if let Some(opened) = self.opened {
-            tracing::info!(
-                target: "subscription",
-                resource = self.path(),
-                duration_ms = opened.elapsed().as_millis() as u64,
-                relayed = true,
-                "subscription closed"
-            );
-        }
         self.metrics.subscriptions.fetch_sub(1, Relaxed);
         self.session.subscribers.fetch_sub(1, Relaxed);
         self.session.left.notify_one();
     }
 }
 
-/// A relayed subscriber: the next entry it needs.
-struct Cursor {
-    /// Its position (the next entry) as direct delivery may advance it.
-    link: Arc<direct::Link>,
-    next: u64,
-    tick: watch::Receiver<Tick>,
-    closing: watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
-    guard: Subscriber,
-}
-
-impl Cursor {
-    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::net::body::BoxError>, Cursor)> {
-        loop {
-            if *self.closing.borrow() {
-                return None;
-            }
-            let advanced = self.link.at.load(Acquire);
-            if advanced != direct::NONE {
-                self.next = self.next.max(advanced);
-            }
-            let tick = self.tick.borrow_and_update().clone();
-            if self.next < tick.end {
-                let session = &self.guard.session;
-                let lags = self.next < tick.prev;
-                if let Some(bytes) = lags
-                    .then(|| session.collapsed(self.next, tick.end, &self.metrics))
-                    .flatten()
-                {
-                    self.next = tick.end;
-                    self.link.at.store(self.next, Release);
-                    Metrics::inc(&self.metrics.updates_sent_total);
-                    let chunk = Chunk::counted(bytes, &self.metrics);
-                    return Some((Ok(Frame::data(chunk)), self));
-                }
-                let bytes = {
-                    let window = lock(&self.guard.session.window);
-                    if self.next < window.first {
-                        // Fell out of the window: end; the client resumes with Parents.
-                        return None;
-                    }
-                    let at = (self.next - window.first) as usize;
-                    window.entries.get(at).map(|e| e.raw.clone())
-                };
-                let bytes = bytes?;
-                self.next += 1;
-                self.link.at.store(self.next, Release);
-                Metrics::inc(&self.metrics.updates_sent_total);
-                let chunk = Chunk::counted(bytes, &self.metrics);
-                return Some((Ok(Frame::data(chunk)), self));
-            }
-            if tick.ended {
-                return None;
-            }
-            tokio::select! {
-                changed = self.tick.changed() => if changed.is_err() { return None },
-                _ = self.closing.changed() => return None,
-            }
-        }
-    }
-}
-
-/// A session as a source of direct delivery: positions are entry numbers,
-/// and a subscriber is written the entries it lacks, as received.
-struct SessionSource {
+/// A session's window: positions are entry numbers; the head is the end
+/// its reader last announced (entries framed after it are not visible yet).
+struct SessionWindow {
     session: std::sync::Weak<Session>,
     metrics: Arc<Metrics>,
 }
 
-impl direct::Source for SessionSource {
+impl Window for SessionWindow {
     fn head(&self) -> Option<u64> {
         let session = self.session.upgrade()?;
         let tick = session.tick.borrow();
         (!tick.ended).then_some(tick.end)
     }
 
-    fn pass(&self) -> Option<Box<dyn direct::Pass>> {
+    fn freeze(&self) -> Option<Box<dyn Frozen>> {
         let session = self.session.upgrade()?;
-        let (end, prev) = {
+        let (end, prev, ended) = {
             let tick = session.tick.borrow();
-            if tick.ended {
-                return None;
-            }
-            (tick.end, tick.prev)
+            (tick.end, tick.prev, tick.ended)
         };
-        Some(Box::new(RelayedPass {
+        Some(Box::new(SessionAt {
             session,
             end,
             prev,
+            ended,
             metrics: self.metrics.clone(),
-            framed: Mutex::default(),
         }))
     }
 }
 
-/// One sweep of a session: the entries from each position laggards are at
-/// to the announced end, joined in one chunk, built once per position.
-struct RelayedPass {
+/// A session's window at one announced end.
+struct SessionAt {
     session: Arc<Session>,
     end: u64,
     /// The end before the latest announce: who is behind it lags.
     prev: u64,
+    ended: bool,
     metrics: Arc<Metrics>,
-    /// `None`: the position fell out of the window (its task ends it).
-    framed: Mutex<HashMap<u64, Option<(Bytes, u64)>>>,
 }
 
-impl direct::Pass for RelayedPass {
+impl Frozen for SessionAt {
     fn head(&self) -> u64 {
         self.end
     }
 
-    fn step(&self, at: u64) -> direct::Step {
+    /// A laggard of a linear stream: one collapsed update to the end.
+    /// Otherwise the next entry as received.
+    fn step(&self, at: u64) -> Step {
         let (session, end) = (&self.session, self.end);
-        let mut framed = lock(&self.framed);
-        let metrics = &self.metrics;
-        let framed = framed.entry(at).or_insert_with(|| {
-            if at < self.prev {
-                if let Some(bytes) = session.collapsed(at, end, metrics) {
-                    return Some((direct::chunk(&bytes), 1));
-                }
+        if at >= end {
+            return Step::Stay;
+        }
+        if at < self.prev {
+            if let Some(bytes) = session.collapsed(at, end, &self.metrics) {
+                return Step::Write {
+                    bytes,
+                    to: end,
+                    updates: 1,
+                    snapshot: false,
+                };
             }
-            let window = lock(&session.window);
-            let from = usize::try_from(at.checked_sub(window.first)?).ok()?;
-            let to = usize::try_from(end - window.first).ok()?;
-            let entries = window.entries.range(from..to.min(window.entries.len()));
-            let count = entries.len() as u64;
-            let joined: Vec<u8> = entries.flat_map(|e| e.raw.iter().copied()).collect();
-            (!joined.is_empty()).then(|| (direct::chunk(&joined), count))
-        });
-        match framed {
-            Some((chunk, updates)) => direct::Step::Write {
-                chunk: chunk.clone(),
-                updates: *updates,
+        }
+        let window = lock(&session.window);
+        let entry = at
+            .checked_sub(window.first)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| window.entries.get(i));
+        match entry {
+            Some(entry) => Step::Write {
+                bytes: entry.raw.clone(),
+                to: at + 1,
+                updates: 1,
                 snapshot: false,
             },
-            None => direct::Step::HandBack,
+            None => Step::Lost,
         }
+    }
+
+    /// The newest entry, as received: what a subscriber lacking only it is sent.
+    fn usual(&self) -> Option<Bytes> {
+        let window = lock(&self.session.window);
+        let last = self.end.checked_sub(1)?.checked_sub(window.first)?;
+        window
+            .entries
+            .get(usize::try_from(last).ok()?)
+            .map(|e| e.raw.clone())
+    }
+
+    fn over(&self) -> bool {
+        self.ended
     }
 }
 

@@ -2,12 +2,12 @@
 //! HTTP/1.1 subscriber's socket, instead of waking one task per subscriber.
 //!
 //! A subscription answered on the fast path ([`crate::net::fastpath`]) that has
-//! sent everything up to its source's head *parks*: its connection task
+//! sent everything up to its window's head *parks*: its connection task
 //! stops polling the subscription body (so nothing wakes it on a change)
-//! and registers its socket in the source's [`Parked`] set. A source is a
-//! polled resource ([`Polled`]: its updates are the proxy's own) or a
-//! relayed upstream subscription (`crate::feed::braid`: its updates are the
-//! upstream's bytes). When the source has more, its sweeper task takes
+//! and registers its socket in the window's [`Parked`] set. The window is
+//! either feed's ([`crate::state::window`]: a polled resource, whose
+//! updates are the proxy's own, or a relayed upstream subscription, whose
+//! updates are the upstream's bytes). When the window has more, its sweeper task takes
 //! each parked subscriber in
 //! turn and writes the update to its socket with one non-blocking
 //! `sendmsg`, framed as an HTTP/1.1 chunk that is built once per update
@@ -28,38 +28,52 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
+use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
 use crate::metrics::Metrics;
-use crate::state::{Head, History, Resource};
+use crate::state::window::{self, Frozen, Window, NONE};
 
-/// What parked subscribers follow: positions (`u64`, only growing) and the
-/// bytes that take a subscriber from one to the newest.
-pub trait Source: Send + Sync + 'static {
-    /// The position of a subscriber that has everything; `None` once the
-    /// source takes no parked subscribers.
-    fn head(&self) -> Option<u64>;
-    /// What one sweep writes; `None` when the source is over (its parked
-    /// subscribers are handed back to their tasks, which end).
-    fn pass(&self) -> Option<Box<dyn Pass>>;
+/// A chunk, the updates it carries, and whether it is a snapshot.
+type Joined = (Bytes, u64, bool);
+
+/// What takes a subscriber at `at` to the head of `frozen`, as one chunk:
+/// the steps joined (a relayed stream's entries as received), counted
+/// where the feed counts held copies; `None` when it fell out of the
+/// window (its task ends it).
+fn joined(frozen: &dyn Frozen, mut at: u64) -> Option<Joined> {
+    let head = frozen.head();
+    let (mut parts, mut updates, mut snapshot) = (Vec::new(), 0, false);
+    while at != head {
+        match frozen.step(at) {
+            window::Step::Write {
+                bytes,
+                to,
+                updates: n,
+                snapshot: s,
+            } if to > at || at == NONE => {
+                parts.push(bytes);
+                updates += n;
+                snapshot |= s;
+                at = to;
+            }
+            _ => return None,
+        }
+    }
+    let framed = match parts.as_slice() {
+        [] => return None,
+        [one] => chunk(one),
+        many => chunk(&many.concat()),
+    };
+    Some((frozen.hold(framed), updates, snapshot))
 }
 
-/// One sweep's view of its source, shared by the sweep's shards: what it
-/// writes for each position is built once, whichever shard asks first.
-pub trait Pass: Send + Sync {
-    /// The position every subscriber is taken to.
-    fn head(&self) -> u64;
-    /// What takes a subscriber at `at` (before the head) there.
-    fn step(&self, at: u64) -> Step;
-}
-
-/// What a sweep does for one parked subscriber.
-pub enum Step {
+/// What one sweep writes to a parked subscriber.
+enum Step {
     /// Nothing to write: it stays parked.
     Stay,
     /// Write this HTTP/1.1 chunk, which carries `updates` updates.
@@ -68,12 +82,58 @@ pub enum Step {
         updates: u64,
         snapshot: bool,
     },
-    /// Its task takes over (it fell out of what the source keeps).
+    /// Its task takes over (it fell out of what the window keeps).
     HandBack,
 }
 
-/// No position: the subscriber needs a snapshot.
-pub const NONE: u64 = u64::MAX;
+/// One sweep's view of its window, shared by the sweep's shards: each
+/// position's chunk is framed once, whichever shard asks first, and the
+/// usual one (the head's own update) is framed up front and read without
+/// a lock.
+struct Pass {
+    frozen: Box<dyn Frozen>,
+    usual: Option<Bytes>,
+    framed: Mutex<HashMap<u64, Option<Joined>>>,
+}
+
+impl Pass {
+    /// A pass over `window` at its head; `None` once it is gone or over.
+    fn of(window: &dyn Window) -> Option<Pass> {
+        let frozen = window.freeze().filter(|f| !f.over())?;
+        Some(Pass {
+            usual: frozen.usual().map(|u| chunk(&u)),
+            frozen,
+            framed: Mutex::default(),
+        })
+    }
+
+    fn head(&self) -> u64 {
+        self.frozen.head()
+    }
+
+    fn step(&self, at: u64) -> Step {
+        if let Some(usual) = self.usual.as_ref().filter(|_| at + 1 == self.head()) {
+            return Step::Write {
+                chunk: usual.clone(),
+                updates: 1,
+                snapshot: false,
+            };
+        }
+        let frozen = &self.frozen;
+        let framed = lock(&self.framed)
+            .entry(at)
+            .or_insert_with(|| joined(&**frozen, at))
+            .clone();
+        match framed {
+            Some((chunk, updates, snapshot)) => Step::Write {
+                chunk,
+                updates,
+                snapshot,
+            },
+            None => Step::HandBack,
+        }
+    }
+}
 
 const ACTIVE: u8 = 0;
 const PARKED: u8 = 1;
@@ -120,7 +180,7 @@ impl Default for Link {
 /// extension) for the fast path to park it.
 #[derive(Clone)]
 pub struct Handle {
-    pub source: Arc<dyn Source>,
+    pub window: Arc<dyn Window>,
     pub parked: Arc<Parked>,
     pub link: Arc<Link>,
     pub metrics: Arc<Metrics>,
@@ -180,10 +240,10 @@ impl Entries {
 /// its worker. The set is locked meanwhile (parks and unparks wait).
 const SWEEP_BATCH: usize = 128;
 
-/// Most shards one source's parked subscribers are split into.
+/// Most shards one window's parked subscribers are split into.
 const MAX_SHARDS: usize = 64;
 
-/// The parked subscribers of one source, and its sweeper's wake-up.
+/// The parked subscribers of one window, and its sweeper's wake-up.
 ///
 /// They are split into as many shards as the runtime has workers (taken in
 /// turn as they park), and each sweep writes the shards in parallel, one
@@ -192,9 +252,9 @@ const MAX_SHARDS: usize = 64;
 pub struct Parked {
     shards: Box<[Mutex<Entries>]>,
     next_id: AtomicU64,
-    /// Set once a sweeper task runs for this source.
+    /// Set once a sweeper task runs for this window.
     sweeping: AtomicBool,
-    /// Notified when the source has more, and when it is over.
+    /// Notified when the window has more, and when it is over.
     published: Notify,
     closed: AtomicBool,
 }
@@ -224,13 +284,13 @@ impl Parked {
         &self.shards[(id % self.shards.len() as u64) as usize]
     }
 
-    /// Wakes the sweeper: the source has a new head.
+    /// Wakes the sweeper: the window has a new head.
     pub fn published(&self) {
         self.published.notify_one();
     }
 
     /// Ends the sweeper, which hands every parked subscriber back: the
-    /// source is over.
+    /// window is over.
     pub fn close(&self) {
         self.closed.store(true, Release);
         self.published.notify_one();
@@ -258,7 +318,7 @@ pub struct Ticket {
 }
 
 impl Handle {
-    /// Parks this subscription if it is caught up with its source's head;
+    /// Parks this subscription if it is caught up with its window's head;
     /// `None` when it is not (the task goes on polling its body).
     pub fn park(&self, stream: &Arc<TcpStream>) -> Option<Ticket> {
         let parked = &self.parked;
@@ -266,7 +326,7 @@ impl Handle {
             return None;
         }
         let at = self.link.at.load(Acquire);
-        if at == NONE || self.source.head() != Some(at) {
+        if at == NONE || self.window.head() != Some(at) {
             return None;
         }
         self.link.state.store(PARKED, Release);
@@ -285,14 +345,14 @@ impl Handle {
         }
         if !parked.sweeping.swap(true, AcqRel) {
             tokio::spawn(sweeper(
-                self.source.clone(),
+                self.window.clone(),
                 parked.clone(),
                 self.metrics.clone(),
             ));
         }
         // A head published between the check and the insert may have been
         // swept without this subscriber: sweep again.
-        if self.source.head() != Some(at) {
+        if self.window.head() != Some(at) {
             parked.published();
         }
         self.metrics.subscriptions_parked.fetch_add(1, Relaxed);
@@ -372,15 +432,15 @@ impl Drop for Ticket {
     }
 }
 
-/// The sweeper of one source: a pass over its parked subscribers whenever
+/// The sweeper of one window: a pass over its parked subscribers whenever
 /// it has more, until it is over.
-async fn sweeper(source: Arc<dyn Source>, parked: Arc<Parked>, metrics: Arc<Metrics>) {
+async fn sweeper(window: Arc<dyn Window>, parked: Arc<Parked>, metrics: Arc<Metrics>) {
     loop {
         parked.published.notified().await;
         let pass = if parked.closed.load(Acquire) {
             None
         } else {
-            source.pass()
+            Pass::of(&*window)
         };
         let Some(pass) = pass else {
             parked.closed.store(true, Release);
@@ -389,8 +449,8 @@ async fn sweeper(source: Arc<dyn Source>, parked: Arc<Parked>, metrics: Arc<Metr
         };
         let started = std::time::Instant::now();
         let round = Arc::new(Round {
-            source: source.clone(),
-            latest: Mutex::new(Arc::from(pass)),
+            window: window.clone(),
+            latest: Mutex::new(Arc::new(pass)),
             metrics: metrics.clone(),
         });
         // The other shards in tasks of their own, which the runtime's idle
@@ -411,7 +471,7 @@ async fn sweeper(source: Arc<dyn Source>, parked: Arc<Parked>, metrics: Arc<Metr
     }
 }
 
-/// Hands every parked subscriber back to its task (the source is over).
+/// Hands every parked subscriber back to its task (the window is over).
 fn hand_back_all(parked: &Parked) {
     for shard in parked.shards.iter() {
         let entries = lock(shard);
@@ -428,19 +488,19 @@ fn hand_back_all(parked: &Parked) {
     }
 }
 
-/// One sweep of a source, shared by the tasks that write its shards.
+/// One sweep of a window, shared by the tasks that write its shards.
 struct Round {
-    source: Arc<dyn Source>,
+    window: Arc<dyn Window>,
     /// The newest pass any of them took.
-    latest: Mutex<Arc<dyn Pass>>,
+    latest: Mutex<Arc<Pass>>,
     metrics: Arc<Metrics>,
 }
 
 impl Round {
-    /// Moves `pass` on to the source's head if it has moved on, with one new
-    /// pass for all the shards; false when the source is over.
-    fn catch_up(&self, pass: &mut Arc<dyn Pass>) -> bool {
-        let Some(head) = self.source.head() else {
+    /// Moves `pass` on to the window's head if it has moved on, with one new
+    /// pass for all the shards; false when the window is over.
+    fn catch_up(&self, pass: &mut Arc<Pass>) -> bool {
+        let Some(head) = self.window.head() else {
             return true;
         };
         if head <= pass.head() {
@@ -448,10 +508,10 @@ impl Round {
         }
         let mut latest = lock(&self.latest);
         if latest.head() < head {
-            let Some(newer) = self.source.pass() else {
+            let Some(newer) = Pass::of(&*self.window) else {
                 return false;
             };
-            *latest = Arc::from(newer);
+            *latest = Arc::new(newer);
             self.metrics.sweep_head_changes_total.fetch_add(1, Relaxed);
         }
         *pass = latest.clone();
@@ -459,7 +519,7 @@ impl Round {
     }
 }
 
-/// Writes the source's head to every subscriber of one shard not yet at it.
+/// Writes the window's head to every subscriber of one shard not yet at it.
 ///
 /// A head published while the sweep is under way is what the rest of the
 /// sweep writes: a subscriber is always sent the newest state there is when
@@ -484,7 +544,7 @@ async fn sweep(parked: Arc<Parked>, shard: usize, round: Arc<Round>) {
                 break;
             }
             for entry in entries.slots[next..end].iter().flatten() {
-                deliver(entry, &*pass, &mut tally);
+                deliver(entry, &pass, &mut tally);
             }
             next = end;
         }
@@ -507,85 +567,8 @@ struct Tally {
     bytes: u64,
 }
 
-/// A polled resource as a source: positions are its seqs, and what a
-/// subscriber is written is what its task would have sent.
-pub struct Polled {
-    pub resource: Weak<Resource>,
-    pub history: Arc<History>,
-    pub metrics: Arc<Metrics>,
-}
-
-impl Source for Polled {
-    fn head(&self) -> Option<u64> {
-        Some(self.resource.upgrade()?.head().seq)
-    }
-
-    fn pass(&self) -> Option<Box<dyn Pass>> {
-        let resource = self.resource.upgrade()?;
-        let head = resource.head();
-        Some(Box::new(PolledPass {
-            // The chunk of the usual frame (the update from head.seq - 1).
-            usual: head.update.as_deref().map(chunk),
-            resource,
-            head,
-            history: self.history.clone(),
-            metrics: self.metrics.clone(),
-            others: Mutex::default(),
-        }))
-    }
-}
-
-/// The chunks one sweep of a polled resource writes, each framed once: the
-/// usual update, and a collapsed update or snapshot per position laggards
-/// are at.
-struct PolledPass {
-    resource: Arc<Resource>,
-    head: Arc<Head>,
-    history: Arc<History>,
-    metrics: Arc<Metrics>,
-    usual: Option<Bytes>,
-    others: Mutex<HashMap<u64, Option<(Bytes, bool)>>>,
-}
-
-impl Pass for PolledPass {
-    fn head(&self) -> u64 {
-        self.head.seq
-    }
-
-    fn step(&self, at: u64) -> Step {
-        let framed = match &self.usual {
-            Some(usual) if at + 1 == self.head.seq => Some((usual.clone(), false)),
-            _ => {
-                let (resource, head, history, metrics) =
-                    (&self.resource, &self.head, &self.history, &self.metrics);
-                lock(&self.others)
-                    .entry(at)
-                    .or_insert_with(|| {
-                        crate::serve::subscribe::frame_from(
-                            resource,
-                            Some(at),
-                            head,
-                            history,
-                            metrics,
-                        )
-                        .map(|(frame, snapshot)| (counted(chunk(&frame), resource), snapshot))
-                    })
-                    .clone()
-            }
-        };
-        match framed {
-            Some((chunk, snapshot)) => Step::Write {
-                chunk,
-                updates: 1,
-                snapshot,
-            },
-            None => Step::Stay,
-        }
-    }
-}
-
 /// Writes the head to one parked subscriber, if it is parked and behind.
-fn deliver(entry: &Entry, pass: &dyn Pass, tally: &mut Tally) {
+fn deliver(entry: &Entry, pass: &Pass, tally: &mut Tally) {
     let link = &entry.link;
     if link
         .state
@@ -652,39 +635,6 @@ fn hand_back(link: &Link) {
     link.returned.notify_one();
 }
 
-/// Chunks at least this large are counted against `--state-bytes` while
-/// they are held (a snapshot's chunk for laggards is a copy of its body).
-const COUNTED_CHUNK: usize = 64 * 1024;
-
-/// `bytes`, counted in `resource`'s registry total for as long as any copy
-/// of it lives.
-fn counted(bytes: Bytes, resource: &Resource) -> Bytes {
-    if bytes.len() < COUNTED_CHUNK {
-        return bytes;
-    }
-    let held = resource.held();
-    held.fetch_add(bytes.len(), Relaxed);
-    Bytes::from_owner(Held { bytes, held })
-}
-
-/// The owner of a counted chunk: uncounts it when the last copy goes.
-struct Held {
-    bytes: Bytes,
-    held: Arc<AtomicUsize>,
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.held.fetch_sub(self.bytes.len(), Relaxed);
-    }
-}
-
 /// `data` as one HTTP/1.1 chunk.
 pub fn chunk(data: &[u8]) -> Bytes {
     let size = crate::net::fastpath::ChunkSize::new(data.len());
@@ -701,7 +651,7 @@ mod tests {
     use std::time::Duration;
     use tokio::io::AsyncReadExt;
 
-    /// A source whose head moves when the test (or its first pass) says, and
+    /// A window whose head moves when the test (or its first pass) says, and
     /// whose chunks name the step they take a subscriber through.
     #[derive(Default)]
     struct Moving {
@@ -720,11 +670,11 @@ mod tests {
         chunk(format!("{from}->{to};").as_bytes())
     }
 
-    impl Source for Arc<Moving> {
+    impl Window for Arc<Moving> {
         fn head(&self) -> Option<u64> {
             Some(self.head.load(Acquire))
         }
-        fn pass(&self) -> Option<Box<dyn Pass>> {
+        fn freeze(&self) -> Option<Box<dyn Frozen>> {
             let first = self.passes.fetch_add(1, AcqRel) == 0;
             Some(Box::new(MovingPass {
                 source: self.clone(),
@@ -734,22 +684,63 @@ mod tests {
         }
     }
 
-    impl Pass for MovingPass {
+    impl Frozen for MovingPass {
         fn head(&self) -> u64 {
             self.head
         }
-        fn step(&self, at: u64) -> Step {
+        fn step(&self, at: u64) -> window::Step {
             if self.first.swap(false, AcqRel) {
                 // A newer version comes out as the first sweep begins.
                 self.source.head.store(self.head + 1, Release);
                 self.source.parked.published();
             }
-            Step::Write {
-                chunk: step_chunk(at, self.head),
+            window::Step::Write {
+                bytes: Bytes::from(format!("{at}->{};", self.head)),
+                to: self.head,
                 updates: 1,
                 snapshot: false,
             }
         }
+    }
+
+    /// A window relayed as received: entries `first..head`, one per step.
+    struct Entries {
+        first: u64,
+        head: u64,
+    }
+
+    impl Frozen for Entries {
+        fn head(&self) -> u64 {
+            self.head
+        }
+        fn step(&self, at: u64) -> window::Step {
+            if at >= self.head {
+                return window::Step::Stay;
+            }
+            if at < self.first {
+                return window::Step::Lost;
+            }
+            window::Step::Write {
+                bytes: Bytes::from(format!("e{at};")),
+                to: at + 1,
+                updates: 1,
+                snapshot: false,
+            }
+        }
+    }
+
+    #[test]
+    fn a_parked_laggard_is_written_the_entries_it_lacks_in_one_chunk() {
+        let entries = Entries { first: 2, head: 5 };
+        let (framed, updates, snapshot) = joined(&entries, 2).expect("within the window");
+        assert_eq!(framed, chunk(b"e2;e3;e4;"));
+        assert_eq!((updates, snapshot), (3, false));
+        // One behind: its one entry, framed as it is.
+        assert_eq!(joined(&entries, 4).expect("one").0, chunk(b"e4;"));
+        // Fell out of the window: its task takes over (and ends it).
+        assert!(joined(&entries, 1).is_none());
+        // At the head: nothing.
+        assert!(joined(&entries, 5).is_none());
     }
 
     async fn read_exactly(client: &mut TcpStream, len: usize) -> Vec<u8> {
@@ -775,7 +766,7 @@ mod tests {
     /// as it begins: what each one reads shows which version it was sent.
     async fn head_published_during_a_sweep(shards: usize) {
         let source = Arc::new(Moving::default());
-        let dyn_source: Arc<dyn Source> = Arc::new(source.clone());
+        let dyn_source: Arc<dyn Window> = Arc::new(source.clone());
         let parked = source.parked.clone();
         assert_eq!(parked.shards.len(), shards, "one shard per worker");
         let metrics = Arc::new(Metrics::default());
@@ -791,7 +782,7 @@ mod tests {
                 .unwrap();
             let (server, _) = listener.accept().await.unwrap();
             let handle = Handle {
-                source: dyn_source.clone(),
+                window: dyn_source.clone(),
                 parked: parked.clone(),
                 link: Arc::new(Link::default()),
                 metrics: metrics.clone(),

@@ -13,17 +13,17 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
 use tokio::sync::watch;
 
+use super::cursor::{Cursor, Parts};
+use super::direct::{Handle, Link};
 use crate::braid::{self, VersionList};
 use crate::cache;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
-use crate::net::body::{self, Body, Chunk};
+use crate::net::body::{self, Body};
+use crate::state::window::{Polled, Window, NONE};
 use crate::state::{Head, History, Resource, State, Stored};
 
 /// What a subscription request asked for, parsed and validated.
@@ -136,39 +136,6 @@ impl Drop for Counted {
     }
 }
 
-/// A subscriber: a cursor into the shared history and nothing more.
-struct Cursor {
-    /// Its position as direct delivery ([`crate::serve::direct`]) may advance it.
-    link: Arc<crate::serve::direct::Link>,
-    resource: Arc<Resource>,
-    head: watch::Receiver<Arc<Head>>,
-    /// The seq the client has; `None` when it needs a snapshot.
-    at: Option<u64>,
-    heartbeat: Option<watch::Receiver<u64>>,
-    sent_since_tick: bool,
-    closing: watch::Receiver<bool>,
-    history: Arc<History>,
-    metrics: Arc<Metrics>,
-    _counted: Counted,
-    opened: std::time::Instant,
-    updates: u64,
-    bytes: u64,
-}
-
-impl Drop for Cursor {
-    /// Logs the close of a subscription, with its duration, updates and bytes.
-    fn drop(&mut self) {
-        tracing::info!(
-            target: "subscription",
-            resource = self.resource.key(),
-            duration_ms = self.opened.elapsed().as_millis() as u64,
-            updates = self.updates + self.link.direct_updates.load(Relaxed),
-            bytes = self.bytes + self.link.direct_bytes.load(Relaxed),
-            "subscription closed"
-        );
-    }
-}
-
 impl Subscriptions {
     /// Checks the caps; `Ok` reserves a slot (released when the guard drops).
     fn admit(&self, resource: &Resource) -> Result<Counted, Refusal> {
@@ -199,7 +166,6 @@ impl Subscriptions {
         request: &BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let counted = self.admit(&resource)?;
-        tracing::info!(target: "subscription", resource = resource.key(), "subscription open");
         Metrics::inc(&self.metrics.subscriptions_total);
         let current = head.borrow().clone();
         let at = match &request.parents {
@@ -208,36 +174,33 @@ impl Subscriptions {
         };
         let interval = request.heartbeats.unwrap_or(self.default_heartbeat);
         let heartbeat = (!interval.is_zero()).then(|| self.heartbeats.ticker(interval));
-        let link = Arc::new(crate::serve::direct::Link::default());
-        let handle = crate::serve::direct::Handle {
-            source: Arc::new(crate::serve::direct::Polled {
-                resource: Arc::downgrade(&resource),
-                history: self.history.clone(),
-                metrics: self.metrics.clone(),
-            }),
+        let link = Arc::new(Link::default());
+        let window: Arc<dyn Window> = Arc::new(Polled {
+            resource: Arc::downgrade(&resource),
+            history: self.history.clone(),
+            metrics: self.metrics.clone(),
+        });
+        let handle = Handle {
+            window: window.clone(),
             parked: resource.direct.clone(),
             link: link.clone(),
             metrics: self.metrics.clone(),
             heartbeat: heartbeat.clone(),
             closing: self.closing.clone(),
         };
-        let cursor = Cursor {
+        let body = Cursor::body(Parts {
+            window,
+            changes: head,
             link,
-            resource,
-            head,
-            at,
+            at: at.unwrap_or(NONE),
             heartbeat,
-            sent_since_tick: false,
             closing: self.closing.clone(),
-            history: self.history.clone(),
             metrics: self.metrics.clone(),
-            _counted: counted,
-            opened: std::time::Instant::now(),
-            updates: 0,
-            bytes: 0,
-        };
-        let stream = futures_util::stream::unfold(cursor, Cursor::next);
-        let mut response = Response::new(StreamBody::new(stream).boxed_unsync());
+            name: resource.key().to_string(),
+            held: Box::new((counted, resource)),
+            relayed: false,
+        });
+        let mut response = Response::new(body);
         response.extensions_mut().insert(handle);
         *response.status_mut() = StatusCode::from_u16(209).unwrap_or(StatusCode::OK);
         response
@@ -285,108 +248,6 @@ impl Subscriptions {
         }
         Ok(response)
     }
-}
-
-impl Cursor {
-    /// The next frame for this subscriber, waiting until there is one.
-    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::net::body::BoxError>, Cursor)> {
-        loop {
-            if *self.closing.borrow() {
-                return None;
-            }
-            let advanced = self.link.at.load(std::sync::atomic::Ordering::Acquire);
-            if advanced != crate::serve::direct::NONE {
-                self.at = Some(advanced);
-            }
-            let head = self.head.borrow_and_update().clone();
-            if let Some(bytes) = self.frame_for(&head) {
-                self.at = Some(head.seq);
-                self.link
-                    .at
-                    .store(head.seq, std::sync::atomic::Ordering::Release);
-                self.sent_since_tick = true;
-                self.updates += 1;
-                self.bytes += bytes.len() as u64;
-                let chunk = Chunk::counted(bytes, &self.metrics);
-                return Some((Ok(Frame::data(chunk)), self));
-            }
-            let heartbeat = async {
-                match self.heartbeat.as_mut() {
-                    Some(rx) => rx.changed().await.is_ok(),
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                changed = self.head.changed() => if changed.is_err() { return None },
-                ticked = heartbeat => {
-                    if !ticked {
-                        self.heartbeat = None;
-                    } else if !std::mem::replace(&mut self.sent_since_tick, false) {
-                        Metrics::inc(&self.metrics.heartbeats_sent_total);
-                        let beat = braid::encode_heartbeat();
-                        self.bytes += beat.len() as u64;
-                        let chunk = Chunk::counted(beat, &self.metrics);
-                        return Some((Ok(Frame::data(chunk)), self));
-                    }
-                },
-                _ = self.closing.changed() => return None,
-            }
-        }
-    }
-
-    /// What takes this subscriber from where it is to `head`, if anything.
-    fn frame_for(&self, head: &Head) -> Option<Bytes> {
-        frame_between(&self.resource, self.at, head, &self.history, &self.metrics)
-    }
-}
-
-/// What takes a subscriber at `at` (`None`: it has nothing) to `head`, if
-/// anything: the head's own update, a collapsed one, or a snapshot. Counted
-/// as sent.
-pub fn frame_between(
-    resource: &Resource,
-    at: Option<u64>,
-    head: &Head,
-    history: &History,
-    metrics: &Metrics,
-) -> Option<Bytes> {
-    let (frame, snapshot) = frame_from(resource, at, head, history, metrics)?;
-    Metrics::inc(&metrics.updates_sent_total);
-    if snapshot {
-        Metrics::inc(&metrics.snapshots_sent_total);
-    }
-    Some(frame)
-}
-
-/// [`frame_between`] uncounted, for a caller that counts what it writes:
-/// the frame, and whether it is a snapshot.
-pub fn frame_from(
-    resource: &Resource,
-    at: Option<u64>,
-    head: &Head,
-    history: &History,
-    metrics: &Metrics,
-) -> Option<(Bytes, bool)> {
-    if head.seq == 0 || at == Some(head.seq) {
-        return None;
-    }
-    let frame = match at {
-        Some(at) if at + 1 == head.seq && head.update.is_some() => head.update.clone(),
-        Some(at) if at < head.seq => resource.catch_up(at, head, history, metrics),
-        _ => None,
-    };
-    Some(match frame {
-        Some(frame) => (frame, false),
-        None => {
-            let built = !head.has_snapshot();
-            let snapshot = head.snapshot();
-            if built && resource.head().seq == head.seq {
-                // A new copy held by the head: counted.
-                resource.reweigh();
-            }
-            (snapshot, true)
-        }
-    })
 }
 
 /// How a plain GET was answered, for `Cache-Status` (RFC 9211).

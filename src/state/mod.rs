@@ -7,6 +7,7 @@
 
 pub mod registry;
 pub mod resource;
+pub mod window;
 
 pub use registry::{Key, Registry, RegistryLimits};
 pub use resource::{
