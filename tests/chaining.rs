@@ -898,6 +898,36 @@ async fn stalled_readers_at_an_edge_resume_with_at_most_three_updates() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing() {
+    let origin = Origin::default();
+    origin.set("/doc", doc(0));
+    let (shield, edge) = shield_and_edge(&origin).await;
+    let (_seen, _body) = follow_held(edge.addr, "/doc", "e1".into()).await;
+    let before = shield.metric("requests_total").await;
+    for _ in 0..5 {
+        let response = common::request(edge.addr, "GET", "/doc", &[("version", "\"e1\"")]).await;
+        assert_eq!(response.status().as_u16(), 200);
+        let status = response.headers()["cache-status"].to_str().expect("text");
+        assert!(status.contains("\"edge\"; hit"), "{status}");
+        assert_eq!(response.headers()["version"], "\"e1\"");
+        assert_eq!(&common::body_of(response).await[..], doc(0).as_bytes());
+    }
+    assert_eq!(
+        shield.metric("requests_total").await,
+        before,
+        "none at the shield"
+    );
+    // Another version is not what the edge holds: the shield's to answer.
+    let response = common::request(edge.addr, "GET", "/doc", &[("version", "\"e9\"")]).await;
+    let status = response.headers()["cache-status"].to_str().expect("text");
+    assert!(!status.contains("\"edge\"; hit"), "{status}");
+    assert!(
+        shield.metric("requests_total").await > before,
+        "asked the shield"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gets_at_a_subscribed_edge_cost_the_shield_nothing() {
     let origin = Origin::default();
     origin.set("/doc", doc(0));

@@ -89,9 +89,12 @@ impl Gets {
             ));
         }
         let (mut key, host) = self.request_key(&req);
-        if braid.version.is_none() && braid.parents.is_none() {
-            // A live upstream subscription of this variant validates its model.
-            if let Some(response) = inner.relays.answer_live(&req, &key, &inner.config.proxy_id) {
+        if braid.parents.is_none() {
+            // A live upstream subscription of this variant validates its
+            // model: plain GETs, and GETs of the version it holds.
+            let version = braid.version.as_ref();
+            let proxy_id = &inner.config.proxy_id;
+            if let Some(response) = inner.relays.answer_live(&req, &key, version, proxy_id) {
                 return Ok(response);
             }
         }

@@ -717,6 +717,7 @@ impl Relays {
         &self,
         req: &Request<B>,
         key: &Key,
+        version: Option<&VersionList>,
         proxy_id: &str,
     ) -> Option<Response<Body>> {
         let view = view_key(key, req.headers());
@@ -727,6 +728,10 @@ impl Relays {
                 .iter()
                 .find_map(|s| s.live_view(&view))?
         };
+        // A `Version:` GET is answered when it names the version held.
+        if version.is_some_and(|v| *v != known.version) {
+            return None;
+        }
         Metrics::inc(&self.metrics.cache_hits_total);
         Some(serve_known(req, &known, proxy_id))
     }
