@@ -618,3 +618,34 @@ async fn a_stale_answer_leaves_ranges_to_the_origin() {
     assert!(header(&answer, "cache-status").contains("fwd=bypass"));
     assert_eq!(origin.requests(), 2);
 }
+
+#[tokio::test]
+async fn a_head_answer_freshens_the_stored_get_answer() {
+    let origin = Scripted::new(
+        "body",
+        &[("cache-control", "max-age=1"), ("age", "5"), ("x-a", "1")],
+    );
+    let (proxy, _admin) = proxy_for(origin.start().await, |_| {}).await;
+    assert_eq!(text(get(proxy, "/doc", &[]).await).await, "body");
+    origin.change(|s| {
+        s.headers = vec![("cache-control", "max-age=600".into()), ("x-b", "2".into())];
+    });
+    // The stale answer sends the HEAD to the origin; its 200 updates the
+    // stored headers (RFC 9111 §4.3.5), kept ones included.
+    let head = request(proxy, "HEAD", "/doc", &[]).await;
+    assert_eq!(head.status(), 200);
+    assert_eq!(
+        (header(&head, "x-a"), header(&head, "x-b")),
+        ("1".into(), "2".into())
+    );
+    assert_eq!(header(&head, "content-length"), "4");
+    assert_eq!(origin.requests(), 2);
+    let got = get(proxy, "/doc", &[]).await;
+    assert!(
+        header(&got, "cache-status").contains("hit"),
+        "freshened by the HEAD"
+    );
+    assert_eq!(header(&got, "x-b"), "2");
+    assert_eq!(text(got).await, "body");
+    assert_eq!(origin.requests(), 2);
+}

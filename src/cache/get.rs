@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::net::body::{self, Body, RequestBody};
 use crate::net::proxy::{self, UpstreamClient};
 use crate::serve::subscribe::{self, BraidRequest, CacheOutcome};
-use crate::state::{Key, Kind, Registry, Resource, State, Ticket};
+use crate::state::{Key, Kind, Registry, Resource, State, Stored, Ticket};
 
 /// What the GET path reads and records: shared with the router.
 pub struct Gets {
@@ -410,6 +410,35 @@ async fn fetch(
                 CacheOutcome::Revalidated,
                 &config.proxy_id,
             ));
+        }
+    }
+    if let (true, StatusCode::OK, Some(resource), Some(old)) =
+        (probe.method() == Method::HEAD, status, &resource, &stored)
+    {
+        // A 200 to a HEAD freshens the stored GET answer it describes, and
+        // invalidates one it does not (RFC 9111 §4.3.5).
+        if cache::head_updates(&old.headers, old.body.len(), response.headers()) {
+            if let Some(recording) = resource.record(ticket) {
+                let mut updated = Stored::clone(old);
+                updated.headers = cache::merge_not_modified(&old.headers, response.headers());
+                updated.timing = timing;
+                updated.invalid = false;
+                resource.set_stored(Some(updated));
+                drop(recording);
+                resource.validated(true);
+                if let Some(stored) = resource.stored() {
+                    let head = resource.head();
+                    return Ok(subscribe::serve_stored(
+                        &probe,
+                        &stored,
+                        &head,
+                        CacheOutcome::Fetched { fwd: "stale" },
+                        &config.proxy_id,
+                    ));
+                }
+            }
+        } else {
+            resource.invalidate();
         }
     }
     let fwd = if stored.is_some() {

@@ -669,6 +669,26 @@ pub fn not_modified_applies(
     asked && (named.is_none() || named == stored_etag)
 }
 
+/// Whether a `200` to a HEAD may update the stored answer to a GET (RFC
+/// 9111 §4.3.5): every validator it carries (`ETag`, `Last-Modified`)
+/// equals the stored one, and its `Content-Length`, if any, is the stored
+/// body's length. Otherwise the stored answer is to be invalidated.
+pub fn head_updates(stored: &HeaderMap, stored_len: usize, head: &HeaderMap) -> bool {
+    let same = |name: HeaderName| match head.get(&name) {
+        Some(v) => stored.get(&name) == Some(v),
+        None => true,
+    };
+    let length = head
+        .get(header::CONTENT_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()));
+    same(header::ETAG)
+        && same(header::LAST_MODIFIED)
+        && match length {
+            None => true,
+            Some(n) => n == Some(stored_len),
+        }
+}
+
 /// Updates stored headers with those of a 304 (RFC 9111 §4.3.4): each
 /// header the 304 carries replaces the stored one, except the framing ones.
 pub fn merge_not_modified(stored: &HeaderMap, update: &HeaderMap) -> HeaderMap {
@@ -920,6 +940,38 @@ mod tests {
         }
         assert!(is_origin_error(StatusCode::SERVICE_UNAVAILABLE));
         assert!(!is_origin_error(StatusCode::NOT_FOUND));
+    }
+
+    #[test]
+    fn head_answers_update_only_the_answer_they_describe() {
+        let stored = headers(&[("etag", "\"a\""), ("content-type", "text/plain")]);
+        assert!(head_updates(
+            &stored,
+            5,
+            &headers(&[("cache-control", "max-age=9")])
+        ));
+        assert!(head_updates(
+            &stored,
+            5,
+            &headers(&[("etag", "\"a\""), ("content-length", "5")])
+        ));
+        assert!(!head_updates(&stored, 5, &headers(&[("etag", "\"b\"")])));
+        assert!(!head_updates(
+            &stored,
+            5,
+            &headers(&[("content-length", "6")])
+        ));
+        assert!(!head_updates(
+            &stored,
+            5,
+            &headers(&[("content-length", "x")])
+        ));
+        let lm = "Sat, 05 Dec 2026 10:00:00 GMT";
+        assert!(!head_updates(
+            &stored,
+            5,
+            &headers(&[("last-modified", lm)])
+        ));
     }
 
     #[test]
