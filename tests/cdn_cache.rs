@@ -648,4 +648,20 @@ async fn a_head_answer_freshens_the_stored_get_answer() {
     assert_eq!(header(&got, "x-b"), "2");
     assert_eq!(text(got).await, "body");
     assert_eq!(origin.requests(), 2);
+    // A HEAD's 200 naming another ETag describes another answer: the
+    // stored one is invalidated, and the next GET goes to the origin.
+    origin.change(|s| {
+        s.body = "changed";
+        s.headers.push(("etag", "\"other\"".into()));
+    });
+    let head = request(proxy, "HEAD", "/doc", &[("cache-control", "no-cache")]).await;
+    assert_eq!(header(&head, "etag"), "\"other\"");
+    assert_eq!(origin.requests(), 3);
+    let got = get(proxy, "/doc", &[]).await;
+    assert_eq!(
+        text(got).await,
+        "changed",
+        "the stored answer was invalidated"
+    );
+    assert_eq!(origin.requests(), 4);
 }

@@ -417,7 +417,9 @@ async fn fetch(
     {
         // A 200 to a HEAD freshens the stored GET answer it describes, and
         // invalidates one it does not (RFC 9111 §4.3.5).
-        if cache::head_updates(&old.headers, old.body.len(), response.headers()) {
+        let describes = old.status == StatusCode::OK
+            && cache::head_updates(&old.headers, old.body.len(), response.headers());
+        if describes {
             if let Some(recording) = resource.record(ticket) {
                 let mut updated = Stored::clone(old);
                 updated.headers = cache::merge_not_modified(&old.headers, response.headers());
