@@ -128,6 +128,8 @@ async fn handle(req: Request<Incoming>, router: &Router, started: Instant) -> Re
         }
         (&Method::POST, "/refresh") => refresh(&req, router),
         (_, "/refresh") => Err(Refusal::MethodNotAllowed("POST")),
+        (&Method::POST, "/purge") => purge(&req, router),
+        (_, "/purge") => Err(Refusal::MethodNotAllowed("POST")),
         _ => Err(Refusal::NotFound),
     };
     result.unwrap_or_else(Refusal::into_response)
@@ -153,6 +155,49 @@ fn refresh(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, R
         "not tracked; nothing to refresh\n"
     };
     Ok(text(StatusCode::ACCEPTED, msg.into(), "text/plain"))
+}
+
+/// `POST /purge?path=/x` drops every stored variant of a URL; `?tag=T`
+/// every stored answer whose `Surrogate-Key` or `Cache-Tag` lists T.
+fn purge(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, Refusal> {
+    use crate::cache::purge::Selector;
+    let query = req.uri().query().unwrap_or("");
+    let find = |name: &str| {
+        query
+            .split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+    };
+    let decode = |v: &str| {
+        percent_decode(v)
+            .ok_or_else(|| Refusal::BadRequest("purge value is not valid percent-encoding".into()))
+    };
+    let purged = match (find("path"), find("tag")) {
+        (Some(path), None) => {
+            let path = decode(path)?;
+            if !path.starts_with('/') {
+                return Err(Refusal::BadRequest("purge path must start with /".into()));
+            }
+            router.purge(Selector::Path(&path))
+        }
+        (None, Some(tag)) => {
+            let tag = decode(tag)?;
+            let tag = tag.trim();
+            if tag.is_empty() {
+                return Err(Refusal::BadRequest("purge tag is empty".into()));
+            }
+            router.purge(Selector::Tag(tag))
+        }
+        _ => {
+            return Err(Refusal::BadRequest(
+                "purge needs ?path=/resource or ?tag=TAG (one of them)".into(),
+            ))
+        }
+    };
+    Ok(text(
+        StatusCode::OK,
+        format!("purged {purged}\n"),
+        "text/plain",
+    ))
 }
 
 /// `GET /status`: the page's data as JSON, never cached.

@@ -190,7 +190,7 @@ declare_keys! {
     admin_listen: Option<SocketAddr>, "admin-listen", "ADDR", default (none "off"),
         sample ("127.0.0.1:9090"),
         parse |v: &str| parse_addr(v).map(Some),
-        "Operations listener: the operator's page (/), /status, /metrics, /healthz, /readyz, POST /refresh?path=. Off loopback it needs admin-token.";
+        "Operations listener: the operator's page (/), /status, /metrics, /healthz, /readyz, POST /refresh?path=, POST /purge?path= or ?tag=. Off loopback it needs admin-token.";
     admin_token: Option<String>, "admin-token", "TOKEN", default (none "none"),
         sample (# "change-me-to-a-long-random-string"),
         #[arg(env = "BRAID_PROXY_ADMIN_TOKEN")]
@@ -301,6 +301,15 @@ declare_keys! {
     snapshot_ratio: f64, "snapshot-ratio", "FRACTION", default ("0.9"),
         parse snapshot_ratio,
         "Send a snapshot when patches exceed this fraction of its size.";
+
+    ["Cache"]
+    stale_if_error: Duration, "stale-if-error", "DURATION", default ("0s"),
+        parse |v: &str| at_most_a_day(parse_duration(v)?),
+        "How long past its freshness a stored answer may still replace an origin's error (500, 502, 503, 504, no connection, timeout) when neither the answer nor the request names `stale-if-error` (RFC 5861); never past must-revalidate, proxy-revalidate, s-maxage or no-cache. 0s: only where they name it.";
+    keep_surrogate_key: bool, "keep-surrogate-key", "BOOL", default ("false"),
+        #[arg(num_args = 0..=1, default_missing_value = "true")]
+        parse parse_bool,
+        "Pass the origin's Surrogate-Key header on to clients; by default it is removed from answers (and kept in state for POST /purge?tag=).";
 
     ["Runtime"]
     workers: usize, "workers", "N", default ("0"), sample (# "0"),
@@ -543,6 +552,14 @@ fn positive_duration(v: &str) -> Result<Duration, String> {
     let d = parse_duration(v)?;
     if d.is_zero() {
         Err("must be more than zero".into())
+    } else {
+        Ok(d)
+    }
+}
+
+fn at_most_a_day(d: Duration) -> Result<Duration, String> {
+    if d > Duration::from_secs(24 * 3600) {
+        Err("at most 24h".into())
     } else {
         Ok(d)
     }

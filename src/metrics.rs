@@ -38,6 +38,8 @@ pub struct Metrics {
     pub cache_misses_total: AtomicU64,
     pub cache_revalidated_total: AtomicU64,
     pub cache_not_stored_total: AtomicU64,
+    /// Stored answers (variants) dropped by the admin listener's purge.
+    pub cache_purged_total: AtomicU64,
     pub patch_writes_total: AtomicU64,
     pub patch_conflicts_total: AtomicU64,
     /// Bytes of updates and heartbeats handed to subscriber connections.
@@ -160,7 +162,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 27] = [
+        let counters: [(&str, &AtomicU64, &str); 28] = [
             (
                 "bytes_sent_total",
                 &self.bytes_sent_total,
@@ -210,6 +212,11 @@ impl Metrics {
                 "cache_not_stored_total",
                 &self.cache_not_stored_total,
                 "Origin answers to plain GETs that could not be stored (private, no-store, Set-Cookie, ...).",
+            ),
+            (
+                "cache_purged_total",
+                &self.cache_purged_total,
+                "Stored answers (variants) purged through the admin listener's POST /purge.",
             ),
             (
                 "requests_total",

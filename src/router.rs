@@ -275,6 +275,17 @@ impl Router {
         !variants.is_empty()
     }
 
+    /// Purges the stored answers `selector` names (admin `POST /purge`):
+    /// how many variants were purged.
+    pub fn purge(&self, selector: crate::cache::purge::Selector<'_>) -> usize {
+        let purged = crate::cache::purge::purge(&self.inner.registry, selector);
+        self.inner
+            .metrics
+            .cache_purged_total
+            .fetch_add(purged as u64, std::sync::atomic::Ordering::Relaxed);
+        purged
+    }
+
     /// Handles one client request; never fails, errors become responses.
     pub async fn handle(&self, mut req: Request<RequestBody>, conn: ConnInfo) -> Response<Body> {
         let started = Instant::now();

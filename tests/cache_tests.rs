@@ -21,12 +21,15 @@ use std::time::Duration;
 /// two GETs, the second a hit), so the suite runs on a proxy that has seen
 /// Braid headers: 294 of 350 on 2026-12-06 (115 before kinds were learned
 /// per resource), then 293 once a 304 naming another ETag stopped
-/// freshening the stored answer (RFC 9111 §4.3.4). Measured 2026-12-03: 292 of 350 (157 of the 165 required), the same in
+/// freshening the stored answer (RFC 9111 §4.3.4); 303 (157 required) on
+/// 2026-12-06 in three runs of the release build once issue 39 answered
+/// ranges from state, served stale under stale-if-error and let a HEAD's
+/// 200 freshen the stored answer. Measured 2026-12-03: 292 of 350 (157 of the 165 required), the same in
 /// three runs; commit 0a17993 passed 0, nginx with no cache passes 114, the
 /// best shared cache measured here (ATS with heuristics) 259. The floor
 /// sits two below the measurement for the few tests that hinge on the
 /// suite's 3-second pauses; raise it as caching improves, never lower it.
-const CACHE_TESTS_FLOOR: u32 = 290;
+const CACHE_TESTS_FLOOR: u32 = 301;
 
 /// run.mjs stops itself after 240 s; this is the backstop.
 const TIMEOUT: Duration = Duration::from_secs(300);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 
+use super::range;
 use super::rules::{self as cache, Reuse, Timing};
 use crate::config::{Config, UpstreamKind};
 use crate::error::Refusal;
@@ -18,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::net::body::{self, Body, RequestBody};
 use crate::net::proxy::{self, UpstreamClient};
 use crate::serve::subscribe::{self, BraidRequest, CacheOutcome};
-use crate::state::{Key, Kind, Registry, Resource, State, Ticket};
+use crate::state::{Key, Kind, Registry, Resource, State, Stored, Ticket};
 
 /// What the GET path reads and records: shared with the router.
 pub struct Gets {
@@ -66,21 +67,34 @@ impl Gets {
         req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
+        let mut response = self.answer(req, braid).await?;
+        if !self.config.keep_surrogate_key {
+            // Meant for this cache (purging by tag), not for clients.
+            response.headers_mut().remove("surrogate-key");
+        }
+        Ok(response)
+    }
+
+    /// See [`Gets::get`].
+    async fn answer(
+        self: &Arc<Self>,
+        req: Request<RequestBody>,
+        braid: BraidRequest,
+    ) -> Result<Response<Body>, Refusal> {
         let inner = self;
         let request_cc = cache::request_cache_control(req.headers());
         let h = req.headers();
+        // A GET with Range is answered from a reusable stored 200 (ranges
+        // of it, RFC 9110 §14), else passed through as it is.
+        let ranged = req.method() == Method::GET && h.contains_key(header::RANGE);
         let bypass = request_cc.no_store
-            || [
-                header::RANGE,
-                header::IF_MATCH,
-                header::IF_UNMODIFIED_SINCE,
-                header::IF_RANGE,
-            ]
-            .iter()
-            .any(|name| h.contains_key(name));
+            || (ranged && (braid.version.is_some() || braid.parents.is_some()))
+            || [header::IF_MATCH, header::IF_UNMODIFIED_SINCE]
+                .iter()
+                .any(|name| h.contains_key(name));
         if bypass {
-            // Ranges and preconditions other than If-None-Match and
-            // If-Modified-Since are the origin's to evaluate.
+            // Preconditions other than If-None-Match, If-Modified-Since
+            // and If-Range are the origin's to evaluate.
             let response = proxy::pass_through(req, &self.client, &self.config).await?;
             return Ok(with_cache_status(
                 response,
@@ -89,7 +103,7 @@ impl Gets {
             ));
         }
         let (mut key, host) = self.request_key(&req);
-        if braid.parents.is_none() {
+        if braid.parents.is_none() && !ranged {
             // A live upstream subscription of this variant validates its
             // model: plain GETs, and GETs of the version it holds.
             let version = braid.version.as_ref();
@@ -110,11 +124,24 @@ impl Gets {
         }
         let resource = inner.registry.get(&key);
         if let Some(resource) = &resource {
+            let at = (&key, host.as_str());
             if let Some(response) =
-                self.answer_from_state(&req, &braid, resource, &request_cc, false)
+                self.answer_from_state(&req, &braid, resource, &request_cc, at, false)
             {
                 return Ok(response);
             }
+        }
+        if ranged {
+            if request_cc.only_if_cached {
+                return Ok(only_if_cached_miss());
+            }
+            // Nothing reusable stored: the origin answers the range.
+            let response = proxy::pass_through(req, &self.client, &self.config).await?;
+            return Ok(with_cache_status(
+                response,
+                &inner.config.proxy_id,
+                "fwd=bypass",
+            ));
         }
         if braid.version.is_some() && kind == Kind::Plain {
             // A version the proxy does not hold: the origin's to answer.
@@ -141,8 +168,9 @@ impl Gets {
                     .ok();
                 // Another request fetched while this one waited: its answer may do.
                 if resource.validation().generation != arrived {
+                    let at = (&key, host.as_str());
                     if let Some(response) =
-                        self.answer_from_state(&req, &braid, resource, &request_cc, true)
+                        self.answer_from_state(&req, &braid, resource, &request_cc, at, true)
                     {
                         return Ok(response);
                     }
@@ -154,13 +182,17 @@ impl Gets {
         self.fetch(req, key, host, resource, guard).await
     }
 
-    /// The stored answer, if it may answer this request without the origin.
+    /// The stored answer, if it may answer this request without the origin:
+    /// fresh, or stale within its `stale-while-revalidate` (one background
+    /// revalidation then starts unless one runs). A `Range` applies to it.
+    /// `at` is the variant's key and the request's host.
     fn answer_from_state<B>(
-        &self,
+        self: &Arc<Self>,
         req: &Request<B>,
         braid: &BraidRequest,
-        resource: &Resource,
+        resource: &Arc<Resource>,
         request_cc: &cache::CacheControl,
+        at: (&Key, &str),
         validated_since_arrival: bool,
     ) -> Option<Response<Body>> {
         let stored = resource.stored().filter(|s| !s.invalid)?;
@@ -188,17 +220,76 @@ impl Gets {
                 now,
             ) {
                 Reuse::Fresh { ttl } => CacheOutcome::Hit { ttl },
-                Reuse::Revalidate => return None,
+                Reuse::Revalidate => {
+                    let ttl = cache::stale_while_revalidate(
+                        stored.status,
+                        &stored.headers,
+                        stored.timing,
+                        request_cc,
+                        now,
+                    )?;
+                    self.revalidate_in_background(req, at, resource);
+                    CacheOutcome::StaleWhileRevalidate { ttl }
+                }
             }
         };
         Metrics::inc(&self.metrics.cache_hits_total);
-        Some(subscribe::serve_stored(
-            req,
-            &stored,
-            &head,
-            outcome,
-            &self.config.proxy_id,
-        ))
+        let response = subscribe::serve_stored(req, &stored, &head, outcome, &self.config.proxy_id);
+        Some(range::answer(req, &stored.body, response))
+    }
+
+    /// Starts one revalidation of a stale stored answer that went out under
+    /// `stale-while-revalidate` (RFC 5861 §3), unless a fetch of the
+    /// variant is under way (it is the revalidation). Clients never wait
+    /// for it: it holds the variant's `fetching` lock, which they only try.
+    fn revalidate_in_background<B>(
+        self: &Arc<Self>,
+        req: &Request<B>,
+        (key, host): (&Key, &str),
+        resource: &Arc<Resource>,
+    ) {
+        let Ok(guard) = resource.fetching.clone().try_lock_owned() else {
+            return;
+        };
+        let mut out = Request::new(body::no_request_body());
+        *out.method_mut() = Method::GET;
+        *out.uri_mut() = req.uri().clone();
+        *out.version_mut() = req.version();
+        let mut headers = req.headers().clone();
+        for name in [
+            header::RANGE,
+            header::IF_RANGE,
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::CACHE_CONTROL,
+            header::CONTENT_LENGTH,
+        ] {
+            headers.remove(name);
+        }
+        *out.headers_mut() = headers;
+        if let Some(conn) = req.extensions().get::<proxy::ConnInfo>() {
+            out.extensions_mut().insert(*conn);
+        }
+        let (inner, key, host, resource) = (
+            self.clone(),
+            key.clone(),
+            host.to_string(),
+            resource.clone(),
+        );
+        let limit = inner.config.response_timeout;
+        tokio::spawn(async move {
+            use http_body_util::BodyExt;
+            let fetched = fetch(inner, out, key, host, Some(resource), Some(guard));
+            let drain = async move {
+                // Read through, so that a streamed answer is stored.
+                let mut body = fetched.await.ok()?.into_body();
+                while let Some(frame) = body.frame().await {
+                    frame.ok()?;
+                }
+                Some(())
+            };
+            let _ = tokio::time::timeout(limit.saturating_mul(2), drain).await;
+        });
     }
 
     /// Sends a GET to the origin for a stored answer that cannot be reused
@@ -254,8 +345,45 @@ async fn fetch(
         }
     }
     let sent = std::time::SystemTime::now();
+    // What may replace an origin's error (RFC 5861 §4).
+    let fallback = stored.as_ref().filter(|s| {
+        let head = resource.as_ref().map(|r| r.head());
+        !s.invalid
+            && s.version
+                .as_ref()
+                .map_or(true, |v| head.is_some_and(|h| *v == h.version))
+            && cache::stale_if_error(
+                s.status,
+                &s.headers,
+                s.timing,
+                &request_cc,
+                config.stale_if_error.as_secs(),
+                sent,
+            )
+            .is_some()
+    });
+    let stale_if_error = |fwd_status: Option<StatusCode>| {
+        let (stored, resource) = (fallback?, resource.as_ref()?);
+        Some(subscribe::serve_stored(
+            &probe,
+            stored,
+            &resource.head(),
+            CacheOutcome::StaleIfError {
+                fwd_status: fwd_status.map(|s| s.as_u16()),
+            },
+            &config.proxy_id,
+        ))
+    };
     let ticket = Ticket::take();
-    let response = inner.client.send(out).await?;
+    let response = match inner.client.send(out).await {
+        Ok(response) => response,
+        Err(refusal) => return stale_if_error(None).ok_or(refusal),
+    };
+    if cache::is_origin_error(response.status()) {
+        if let Some(answer) = stale_if_error(Some(response.status())) {
+            return Ok(answer);
+        }
+    }
     // A Braid server names its versions: the proxy adds none of its own
     // (issue 19), and the resource is known to be a Braid server's.
     let braid_answer = crate::feed::braid::braid_signs(response.headers())
@@ -285,6 +413,37 @@ async fn fetch(
                 CacheOutcome::Revalidated,
                 &config.proxy_id,
             ));
+        }
+    }
+    if let (true, StatusCode::OK, Some(resource), Some(old)) =
+        (probe.method() == Method::HEAD, status, &resource, &stored)
+    {
+        // A 200 to a HEAD freshens the stored GET answer it describes, and
+        // invalidates one it does not (RFC 9111 §4.3.5).
+        let describes = old.status == StatusCode::OK
+            && cache::head_updates(&old.headers, old.body.len(), response.headers());
+        if describes {
+            if let Some(recording) = resource.record(ticket) {
+                let mut updated = Stored::clone(old);
+                updated.headers = cache::merge_not_modified(&old.headers, response.headers());
+                updated.timing = timing;
+                updated.invalid = false;
+                resource.set_stored(Some(updated));
+                drop(recording);
+                resource.validated(true);
+                if let Some(stored) = resource.stored() {
+                    let head = resource.head();
+                    return Ok(subscribe::serve_stored(
+                        &probe,
+                        &stored,
+                        &head,
+                        CacheOutcome::Fetched { fwd: "stale" },
+                        &config.proxy_id,
+                    ));
+                }
+            }
+        } else {
+            resource.invalidate();
         }
     }
     let fwd = if stored.is_some() {

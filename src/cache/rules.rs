@@ -29,6 +29,10 @@ pub struct CacheControl {
     pub max_stale: Option<u64>,
     pub min_fresh: Option<u64>,
     pub no_transform: bool,
+    /// `stale-while-revalidate=N` (RFC 5861 §3), in a response.
+    pub stale_while_revalidate: Option<u64>,
+    /// `stale-if-error=N` (RFC 5861 §4), in a response or a request.
+    pub stale_if_error: Option<u64>,
 }
 
 impl CacheControl {
@@ -62,6 +66,11 @@ impl CacheControl {
                     "s-maxage" => cc.s_maxage = cc.s_maxage.or_else(seconds),
                     "max-stale" => cc.max_stale = Some(seconds().unwrap_or(u64::MAX)),
                     "min-fresh" => cc.min_fresh = Some(seconds().unwrap_or(0)),
+                    // Without a valid number, RFC 5861's extensions grant nothing.
+                    "stale-while-revalidate" => {
+                        cc.stale_while_revalidate = cc.stale_while_revalidate.or_else(seconds)
+                    }
+                    "stale-if-error" => cc.stale_if_error = cc.stale_if_error.or_else(seconds),
                     _ => {}
                 }
             }
@@ -370,6 +379,82 @@ pub fn reuse(
     }
 }
 
+/// Whether the response's own directives allow serving it stale at all
+/// (RFC 9111 §4.2.4): never under `no-cache`, `must-revalidate`,
+/// `proxy-revalidate` or `s-maxage` (which implies `proxy-revalidate` for a
+/// shared cache, §5.2.2.10).
+fn may_serve_stale(cc: &CacheControl) -> bool {
+    !(cc.no_cache || cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some())
+}
+
+/// Seconds of freshness left (negative once stale), saturating.
+fn ttl_of(status: StatusCode, headers: &HeaderMap, timing: Timing, now: SystemTime) -> i64 {
+    let lifetime = i64::try_from(freshness_lifetime(status, headers, timing)).unwrap_or(i64::MAX);
+    let age = i64::try_from(current_age(headers, timing, now)).unwrap_or(i64::MAX);
+    lifetime.saturating_sub(age)
+}
+
+/// Whether a stored response that [`reuse`] says must be revalidated may
+/// answer at once while one revalidation runs in the background (RFC 5861
+/// §3): it is stale by at most its `stale-while-revalidate` seconds, its
+/// directives allow stale answers, and the request asks for nothing
+/// fresher (`no-cache`, `max-age`, `min-fresh`). Gives its ttl (<= 0).
+pub fn stale_while_revalidate(
+    status: StatusCode,
+    headers: &HeaderMap,
+    timing: Timing,
+    request: &CacheControl,
+    now: SystemTime,
+) -> Option<i64> {
+    let cc = response_cache_control(headers);
+    let window = cc.stale_while_revalidate.filter(|w| *w > 0)?;
+    if !may_serve_stale(&cc) || request.no_cache || request.min_fresh.is_some() {
+        return None;
+    }
+    if let Some(max_age) = request.max_age {
+        if current_age(headers, timing, now) > max_age {
+            return None;
+        }
+    }
+    let ttl = ttl_of(status, headers, timing, now);
+    (ttl.unsigned_abs() <= window).then_some(ttl.min(0))
+}
+
+/// Whether a stored response may answer instead of an origin's error (a
+/// 500, 502, 503 or 504, a failed connection or a timeout; RFC 5861 §4):
+/// within the request's `stale-if-error` seconds past its freshness, else
+/// the response's, else `default` (the operator's `--stale-if-error`) when
+/// neither names one; never when its directives forbid stale answers, nor
+/// for a request with `no-cache` that names no `stale-if-error`. Gives its
+/// ttl (negative once stale).
+pub fn stale_if_error(
+    status: StatusCode,
+    headers: &HeaderMap,
+    timing: Timing,
+    request: &CacheControl,
+    default: u64,
+    now: SystemTime,
+) -> Option<i64> {
+    let cc = response_cache_control(headers);
+    if !may_serve_stale(&cc) || (request.no_cache && request.stale_if_error.is_none()) {
+        return None;
+    }
+    let window = request
+        .stale_if_error
+        .or(cc.stale_if_error)
+        .unwrap_or(default);
+    if window == 0 {
+        return None;
+    }
+    let ttl = ttl_of(status, headers, timing, now);
+    (ttl > 0 || ttl.unsigned_abs() <= window).then_some(ttl)
+}
+
+/// The origin errors `stale-if-error` covers (RFC 5861 §4).
+pub fn is_origin_error(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 500 | 502 | 503 | 504)
+}
+
 /// A request's `Cache-Control`. `Pragma` is deprecated (RFC 9111 §5.4)
 /// and not read.
 pub fn request_cache_control(headers: &HeaderMap) -> CacheControl {
@@ -584,6 +669,26 @@ pub fn not_modified_applies(
     asked && (named.is_none() || named == stored_etag)
 }
 
+/// Whether a `200` to a HEAD may update the stored answer to a GET (RFC
+/// 9111 §4.3.5): every validator it carries (`ETag`, `Last-Modified`)
+/// equals the stored one, and its `Content-Length`, if any, is the stored
+/// body's length. Otherwise the stored answer is to be invalidated.
+pub fn head_updates(stored: &HeaderMap, stored_len: usize, head: &HeaderMap) -> bool {
+    let same = |name: HeaderName| match head.get(&name) {
+        Some(v) => stored.get(&name) == Some(v),
+        None => true,
+    };
+    let length = head
+        .get(header::CONTENT_LENGTH)
+        .map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()));
+    same(header::ETAG)
+        && same(header::LAST_MODIFIED)
+        && match length {
+            None => true,
+            Some(n) => n == Some(stored_len),
+        }
+}
+
 /// Updates stored headers with those of a 304 (RFC 9111 §4.3.4): each
 /// header the 304 carries replaces the stored one, except the framing ones.
 pub fn merge_not_modified(stored: &HeaderMap, update: &HeaderMap) -> HeaderMap {
@@ -748,6 +853,125 @@ mod tests {
             reuse(StatusCode::OK, &strict, at(10), &lenient, SystemTime::now()),
             Reuse::Revalidate
         );
+    }
+
+    #[test]
+    fn stale_while_revalidate_window() {
+        let none = CacheControl::default();
+        let now = SystemTime::now();
+        let h = headers(&[("cache-control", "max-age=1, stale-while-revalidate=30")]);
+        let ttl = stale_while_revalidate(StatusCode::OK, &h, at(11), &none, now);
+        assert!(matches!(ttl, Some(t) if (-11..=-9).contains(&t)), "{ttl:?}");
+        assert_eq!(
+            stale_while_revalidate(StatusCode::OK, &h, at(60), &none, now),
+            None
+        );
+        for cc in [
+            "must-revalidate",
+            "proxy-revalidate",
+            "no-cache",
+            "s-maxage=1",
+        ] {
+            let strict = headers(&[(
+                "cache-control",
+                &format!("max-age=1, stale-while-revalidate=30, {cc}"),
+            )]);
+            assert_eq!(
+                stale_while_revalidate(StatusCode::OK, &strict, at(11), &none, now),
+                None
+            );
+        }
+        let plain = headers(&[("cache-control", "max-age=1")]);
+        assert_eq!(
+            stale_while_revalidate(StatusCode::OK, &plain, at(11), &none, now),
+            None
+        );
+        let zero = headers(&[("cache-control", "max-age=1, stale-while-revalidate=0")]);
+        assert_eq!(
+            stale_while_revalidate(StatusCode::OK, &zero, at(11), &none, now),
+            None
+        );
+        let odd = headers(&[("cache-control", "max-age=1, stale-while-revalidate=soon")]);
+        assert_eq!(
+            stale_while_revalidate(StatusCode::OK, &odd, at(11), &none, now),
+            None
+        );
+        for req in ["no-cache", "max-age=5", "min-fresh=1"] {
+            let req = CacheControl::parse(&headers(&[("cache-control", req)]));
+            assert_eq!(
+                stale_while_revalidate(StatusCode::OK, &h, at(11), &req, now),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn stale_if_error_window() {
+        let none = CacheControl::default();
+        let now = SystemTime::now();
+        let sie = |h: &HeaderMap, ago, req: &CacheControl, default| {
+            stale_if_error(StatusCode::OK, h, at(ago), req, default, now)
+        };
+        let h = headers(&[("cache-control", "max-age=1, stale-if-error=30")]);
+        assert!(sie(&h, 11, &none, 0).is_some());
+        assert_eq!(sie(&h, 60, &none, 0), None);
+        let plain = headers(&[("cache-control", "max-age=1")]);
+        assert_eq!(sie(&plain, 11, &none, 0), None);
+        // The operator's default applies only where neither side names one.
+        assert!(sie(&plain, 11, &none, 60).is_some());
+        assert_eq!(sie(&h, 60, &none, 3600), None);
+        let asks = CacheControl::parse(&headers(&[("cache-control", "stale-if-error=100")]));
+        assert!(sie(&plain, 60, &asks, 0).is_some());
+        let refuses = CacheControl::parse(&headers(&[("cache-control", "stale-if-error=0")]));
+        assert_eq!(sie(&h, 11, &refuses, 0), None);
+        let no_cache = CacheControl::parse(&headers(&[("cache-control", "no-cache")]));
+        assert_eq!(sie(&h, 11, &no_cache, 0), None);
+        for cc in [
+            "must-revalidate",
+            "proxy-revalidate",
+            "no-cache",
+            "s-maxage=1",
+        ] {
+            let strict = headers(&[(
+                "cache-control",
+                &format!("max-age=1, stale-if-error=30, {cc}"),
+            )]);
+            assert_eq!(sie(&strict, 11, &asks, 60), None);
+        }
+        assert!(is_origin_error(StatusCode::SERVICE_UNAVAILABLE));
+        assert!(!is_origin_error(StatusCode::NOT_FOUND));
+    }
+
+    #[test]
+    fn head_answers_update_only_the_answer_they_describe() {
+        let stored = headers(&[("etag", "\"a\""), ("content-type", "text/plain")]);
+        assert!(head_updates(
+            &stored,
+            5,
+            &headers(&[("cache-control", "max-age=9")])
+        ));
+        assert!(head_updates(
+            &stored,
+            5,
+            &headers(&[("etag", "\"a\""), ("content-length", "5")])
+        ));
+        assert!(!head_updates(&stored, 5, &headers(&[("etag", "\"b\"")])));
+        assert!(!head_updates(
+            &stored,
+            5,
+            &headers(&[("content-length", "6")])
+        ));
+        assert!(!head_updates(
+            &stored,
+            5,
+            &headers(&[("content-length", "x")])
+        ));
+        let lm = "Sat, 05 Dec 2026 10:00:00 GMT";
+        assert!(!head_updates(
+            &stored,
+            5,
+            &headers(&[("last-modified", lm)])
+        ));
     }
 
     #[test]

@@ -259,6 +259,12 @@ pub enum CacheOutcome {
     Revalidated,
     /// Fetched from the origin (`fwd` says why) and stored on the way.
     Fetched { fwd: &'static str },
+    /// Stale (`ttl` <= 0) under `stale-while-revalidate`, without the
+    /// origin; a revalidation runs in the background (RFC 5861 §3).
+    StaleWhileRevalidate { ttl: i64 },
+    /// From stored state instead of the origin's error (`fwd_status`, or
+    /// none when no answer came) under `stale-if-error` (RFC 5861 §4).
+    StaleIfError { fwd_status: Option<u16> },
 }
 
 /// A plain GET or HEAD answered from stored state: the origin's status and
@@ -322,6 +328,17 @@ pub fn serve_stored<B>(
         CacheOutcome::Hit { ttl } => format!("hit; ttl={ttl}"),
         CacheOutcome::Revalidated => "fwd=stale; fwd-status=304".to_string(),
         CacheOutcome::Fetched { fwd } => format!("fwd={fwd}; fwd-status=200; stored"),
+        CacheOutcome::StaleWhileRevalidate { ttl } => {
+            format!("hit; ttl={ttl}; detail=\"stale-while-revalidate\"")
+        }
+        CacheOutcome::StaleIfError {
+            fwd_status: Some(s),
+        } => {
+            format!("fwd=stale; fwd-status={s}; detail=\"stale-if-error\"")
+        }
+        CacheOutcome::StaleIfError { fwd_status: None } => {
+            "fwd=stale; detail=\"stale-if-error\"".to_string()
+        }
     };
     if let Ok(v) = HeaderValue::from_str(&format!("\"{cache_id}\"; {status}")) {
         headers.append(HeaderName::from_static("cache-status"), v);

@@ -291,6 +291,12 @@ impl Registry {
         true
     }
 
+    /// Forgets a resource (an operator's purge): the next request for its
+    /// variant starts afresh at the origin. Its current holders keep it.
+    pub fn forget(&self, resource: &Arc<Resource>) {
+        self.drop_resource(resource);
+    }
+
     /// Removes a resource for good, releasing its bytes and private slot.
     /// Idempotent: the slot and the weight are taken, so a second call
     /// (eviction racing the watcher's end) gives nothing back twice.
