@@ -717,13 +717,12 @@ impl Relays {
         key: &Key,
         proxy_id: &str,
     ) -> Option<Response<Body>> {
-        let view = view_key(key, req.headers());
         let known = {
             let sessions = lock(&self.sessions);
-            sessions
-                .get(&key.path)?
-                .iter()
-                .find_map(|s| s.live_view(&view))?
+            // The view key is built only for a URL with sessions.
+            let list = sessions.get(&key.path)?;
+            let view = view_key(key, req.headers());
+            list.iter().find_map(|s| s.live_view(&view))?
         };
         Metrics::inc(&self.metrics.cache_hits_total);
         Some(serve_known(req, &known, proxy_id))
