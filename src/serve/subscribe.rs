@@ -52,6 +52,16 @@ impl BraidRequest {
         static MERGE_TYPE: HeaderName = HeaderName::from_static("merge-type");
         static PEER: HeaderName = HeaderName::from_static("peer");
         let mut out = BraidRequest::default();
+        // Most requests carry none of them: one pass over the names says so.
+        let braid_name = |name: &HeaderName| {
+            matches!(
+                name.as_str(),
+                "subscribe" | "parents" | "version" | "heartbeats" | "merge-type"
+            )
+        };
+        if !headers.keys().any(braid_name) {
+            return Ok(out);
+        }
         if let Some(v) = headers.get(&SUBSCRIBE) {
             out.subscribe = braid::parse_subscribe(v.as_bytes()).map_err(bad)?;
             out.subscribe_echo = Some(v.clone());
@@ -540,6 +550,7 @@ fn prepare(
         etag,
         cache_id: cache_id.to_string(),
         digest: current.map(|_| head.digest.clone()),
+        last_hit: Mutex::new(None),
     }
 }
 
@@ -564,10 +575,14 @@ fn answer_prepared<B>(
             status_slot = Some(value);
         }
     }
+    let (age_value, status) = match outcome {
+        CacheOutcome::Hit { ttl } => hit_values(prepared, age, ttl, cache_id),
+        _ => (HeaderValue::from(age), cache_status(cache_id, outcome)),
+    };
     if let Some(slot) = age_slot {
-        *slot = HeaderValue::from(age);
+        *slot = age_value;
     }
-    if let (Some(slot), Some(v)) = (status_slot, cache_status(cache_id, outcome)) {
+    if let (Some(slot), Some(v)) = (status_slot, status) {
         *slot = v;
     }
     let mut response = if req.method() == Method::HEAD {
@@ -578,6 +593,31 @@ fn answer_prepared<B>(
     *response.status_mut() = stored.status;
     *response.headers_mut() = headers;
     response
+}
+
+/// The `Age` and `Cache-Status` values of a hit: the last hit's when it
+/// said the same age and ttl (shared bytes, nothing formatted).
+fn hit_values(
+    prepared: &crate::state::Prepared,
+    age: u64,
+    ttl: i64,
+    cache_id: &str,
+) -> (HeaderValue, Option<HeaderValue>) {
+    let outcome = CacheOutcome::Hit { ttl };
+    let Ok(mut last) = prepared.last_hit.try_lock() else {
+        return (HeaderValue::from(age), cache_status(cache_id, outcome));
+    };
+    if let Some((a, t, age_value, status)) = last.as_ref() {
+        if (*a, *t) == (age, ttl) {
+            return (age_value.clone(), Some(status.clone()));
+        }
+    }
+    let age_value = HeaderValue::from(age);
+    let status = cache_status(cache_id, outcome);
+    if let Some(status) = &status {
+        *last = Some((age, ttl, age_value.clone(), status.clone()));
+    }
+    (age_value, status)
 }
 
 /// [`serve_stored`] built from the stored headers, for the answers the

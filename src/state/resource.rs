@@ -91,6 +91,9 @@ pub struct Prepared {
     /// The head's `Repr-Digest` when built with the Braid headers (the body
     /// was the head's), `None` when built without them.
     pub digest: Option<String>,
+    /// The `Age` and `Cache-Status` values of the last hit, with the age and
+    /// ttl they say: the hits of the same second share them.
+    pub last_hit: Mutex<Option<(u64, i64, HeaderValue, HeaderValue)>>,
 }
 
 /// A value built at most once from what holds it. A clone starts empty:
