@@ -6,6 +6,7 @@ proxy_cache and Varnish, each a shared cache in front of the same origin.
     python3 bench/hits.py                      # 5 rounds of 10 s per system
     python3 bench/hits.py --rounds 3 --secs 5  # shorter
     python3 bench/hits.py --systems braid,nginx --braid-arg=--workers=1
+    python3 bench/hits.py --compare /tmp/braid-proxy-main   # and an earlier build
 
 Installs nothing. It needs wrk and taskset, and for the peers nginx and
 varnishd (Debian: `apt-get update && apt-get install -y nginx varnish wrk`);
@@ -18,6 +19,8 @@ Each cache runs on loopback pinned to core 0 (`taskset -c 0`):
   braid   target/release/braid-proxy --workers 1 (the single-threaded
           runtime), logs as shipped (info, the access line per request,
           on stderr, which goes to a file)
+  before  the same with --compare BINARY, another build (the rounds then
+          give braid-proxy/before too)
   nginx   worker_processes 1, proxy_cache in a keys zone, keep-alive to the
           origin, the default access log (combined format, to a file)
   varnish -s malloc, one thread pool, the built-in VCL with -b; it keeps
@@ -27,14 +30,19 @@ Every system is started once, warmed (two GETs; the second must be a hit),
 and then wrk, pinned to core 1, runs `-t1 -c50 -dSECSs --latency` against
 each in turn, the order rotating each round. The table gives requests/s
 and p99 per system and round, the medians, and the braid-proxy/nginx
-ratio (median of the per-round ratios). The origin's request count is
-printed too: a hit run should cost it at most a revalidation a minute.
+ratio (median of the per-round ratios). Per run it also prints the
+origin's request count (a hit run costs it at most a revalidation a
+minute), the CPU seconds the cache's processes used (close to --secs: the
+cache had its core to itself and was the bottleneck), and the CPU seconds
+of everything else on the machine meanwhile, neither the cache, wrk nor
+the origin: other work (a build, a test run) competing with the run.
 Configs and logs go to a temporary directory (--keep leaves it).
 """
 import argparse
 import http.server
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -49,7 +57,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-ORIGIN_PORT, BRAID_PORT, NGINX_PORT, VARNISH_PORT = 18301, 18302, 18303, 18304
+ORIGIN_PORT, BRAID_PORT, NGINX_PORT, VARNISH_PORT, BEFORE_PORT = 18301, 18302, 18303, 18304, 18305
 PATH = '/doc'
 BODY_BYTES = 5400
 SYSTEMS = ('braid', 'nginx', 'varnish')
@@ -128,7 +136,10 @@ class Origin(http.server.BaseHTTPRequestHandler):
 
 
 def start_origin():
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', ORIGIN_PORT), Origin)
+    try:
+        server = http.server.ThreadingHTTPServer(('127.0.0.1', ORIGIN_PORT), Origin)
+    except OSError as e:
+        fail(f'cannot listen on 127.0.0.1:{ORIGIN_PORT} for the origin: {e}')
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -145,14 +156,14 @@ def wait_port(port, timeout=15.0):
     return False
 
 
-def start_braid(binary, workdir, extra):
-    log = open(os.path.join(workdir, 'braid.log'), 'wb')
-    args = ['taskset', '-c', '0', binary, '--listen', f'127.0.0.1:{BRAID_PORT}',
+def start_braid(binary, workdir, extra, port=BRAID_PORT, name='braid'):
+    log = open(os.path.join(workdir, f'{name}.log'), 'wb')
+    args = ['taskset', '-c', '0', binary, '--listen', f'127.0.0.1:{port}',
             '--upstream', f'http://127.0.0.1:{ORIGIN_PORT}', '--proxy-id', 'bench']
     if not any(a.startswith('--workers') for a in extra):
         args += ['--workers', '1']
     p = subprocess.Popen(args + list(extra), stdout=log, stderr=log, start_new_session=True)
-    return p, BRAID_PORT
+    return p, port
 
 
 def start_nginx(workdir):
@@ -198,7 +209,7 @@ def fetch(port):
 
 def is_hit(system, headers):
     h = {k.lower(): v for k, v in headers.items()}
-    if system == 'braid':
+    if system in ('braid', 'before'):
         return '; hit' in h.get('cache-status', '')
     if system == 'nginx':
         return h.get('x-cache-status') == 'HIT'
@@ -237,10 +248,41 @@ def wrk(port, secs, conns):
     }
 
 
-def busy_note():
-    """Load on the machine from others (a build, say), as /proc/loadavg says."""
-    with open('/proc/loadavg') as f:
-        return f.read().split()[0]
+HZ = os.sysconf('SC_CLK_TCK')
+
+
+def busy_jiffies():
+    """CPU time (all cores, jiffies) spent on anything but idle and iowait."""
+    with open('/proc/stat') as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]
+
+
+def tree_jiffies(root):
+    """user + system jiffies of a process and its descendants, all threads."""
+    parents, times = {}, {}
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                rest = f.read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        parents[int(pid)] = int(rest[1])
+        times[int(pid)] = int(rest[11]) + int(rest[12])
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0)
+        todo += [c for c, p in parents.items() if p == pid]
+    return total
+
+
+def cpu_self_and_children():
+    """CPU seconds of this script (the origin's threads) and its waited children (wrk)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main():
@@ -253,11 +295,17 @@ def main():
                     help='braid-proxy binary (default: $CARGO_TARGET_DIR or target, release)')
     ap.add_argument('--braid-arg', action='append', default=[],
                     help='an extra braid-proxy argument (repeatable)')
+    ap.add_argument('--compare', metavar='BINARY',
+                    help='another braid-proxy binary (an earlier build), measured as "before"')
     ap.add_argument('--keep', action='store_true', help='keep the temporary directory')
     args = ap.parse_args()
     systems = [s for s in args.systems.split(',') if s]
+    if args.compare:
+        if not os.access(args.compare, os.X_OK):
+            fail(f'{args.compare} is not an executable')
+        systems.insert(1, 'before')
     for s in systems:
-        if s not in SYSTEMS:
+        if s not in SYSTEMS + ('before',):
             fail(f'unknown system {s}; known: {", ".join(SYSTEMS)}')
 
     for tool in ('taskset', 'wrk'):
@@ -285,7 +333,13 @@ def main():
     procs = {}
     try:
         for s in systems:
-            if s == 'braid':
+            port = {'braid': BRAID_PORT, 'nginx': NGINX_PORT, 'varnish': VARNISH_PORT,
+                    'before': BEFORE_PORT}[s]
+            if wait_port(port, timeout=0.1):
+                fail(f'127.0.0.1:{port}, where {s} is to listen, is taken')
+            if s == 'before':
+                procs[s] = start_braid(args.compare, workdir, args.braid_arg, BEFORE_PORT, 'before')
+            elif s == 'braid':
                 procs[s] = start_braid(binary, workdir, args.braid_arg)
             elif s == 'nginx':
                 procs[s] = start_nginx(workdir)
@@ -298,8 +352,8 @@ def main():
               f'{os.cpu_count()} cores, {BODY_BYTES}-byte body, max-age=60, '
               f'wrk -t1 -c{args.conns} -d{args.secs}s on core 1, caches on core 0')
         results = {s: [] for s in systems}
-        print('| round | system | requests/s | p99 (ms) | origin requests | load avg before |')
-        print('|---|---|---|---|---|---|')
+        print('| round | system | requests/s | p99 (ms) | origin requests | cache CPU s | other CPU s |')
+        print('|---|---|---|---|---|---|---|')
         for rnd in range(args.rounds):
             order = systems[rnd % len(systems):] + systems[:rnd % len(systems)]
             for s in order:
@@ -308,15 +362,21 @@ def main():
                 if not is_hit(s, fetch(port)[1]):
                     fetch(port)
                 before = Origin.count
-                load = busy_note()
+                marks = (busy_jiffies(), tree_jiffies(procs[s][0].pid), cpu_self_and_children())
                 r = wrk(port, args.secs, args.conns)
                 r['origin'] = Origin.count - before
+                server = (tree_jiffies(procs[s][0].pid) - marks[1]) / HZ
+                ours = cpu_self_and_children() - marks[2]
+                r['server_cpu'] = server
+                # What else ran meanwhile (builds, tests): busy time that was
+                # neither the cache, wrk, nor this script's origin.
+                r['other_cpu'] = max(0.0, (busy_jiffies() - marks[0]) / HZ - server - ours)
                 results[s].append(r)
                 note = ''
                 if r['non2xx'] or r['errors']:
                     note = f' ({r["non2xx"]} non-2xx; {r["errors"]})'
                 print(f'| {rnd + 1} | {s} | {r["rps"]:,.0f}{note} | {r["p99_ms"]:.2f} | '
-                      f'{r["origin"]} | {load} |', flush=True)
+                      f'{r["origin"]} | {r["server_cpu"]:.1f} | {r["other_cpu"]:.1f} |', flush=True)
         print()
         print('| system | median requests/s | min–max | median p99 (ms) | p99 min–max |')
         print('|---|---|---|---|---|')
@@ -329,6 +389,11 @@ def main():
             ratios = [b['rps'] / n['rps'] for b, n in zip(results['braid'], results['nginx'])]
             print()
             print('braid-proxy/nginx requests/s per round: '
+                  + ', '.join(f'{x:.2f}' for x in ratios)
+                  + f'; median {statistics.median(ratios):.2f}')
+        if 'braid' in results and 'before' in results:
+            ratios = [b['rps'] / n['rps'] for b, n in zip(results['braid'], results['before'])]
+            print('braid-proxy/before requests/s per round: '
                   + ', '.join(f'{x:.2f}' for x in ratios)
                   + f'; median {statistics.median(ratios):.2f}')
     finally:
