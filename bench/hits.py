@@ -135,12 +135,20 @@ class Origin(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class OriginServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A cache closing its idle connections to the origin: not news.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def start_origin():
     try:
-        server = http.server.ThreadingHTTPServer(('127.0.0.1', ORIGIN_PORT), Origin)
+        server = OriginServer(('127.0.0.1', ORIGIN_PORT), Origin)
     except OSError as e:
         fail(f'cannot listen on 127.0.0.1:{ORIGIN_PORT} for the origin: {e}')
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 

@@ -327,7 +327,24 @@ pub fn via_names(headers: &HeaderMap, id: &str) -> bool {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|entry| entry.split_whitespace().nth(1) == Some(id))
+        .any(|entry| second_token(entry.as_bytes()) == Some(id.as_bytes()))
+}
+
+/// The second whitespace-separated token of a `Via` entry (the received-by
+/// name after the protocol); `split_whitespace().nth(1)` without the
+/// iterator machinery (a `Via` value is visible ASCII, spaces and tabs).
+fn second_token(entry: &[u8]) -> Option<&[u8]> {
+    let space = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_whitespace()).count();
+    let token = |s: &[u8]| s.iter().take_while(|b| !b.is_ascii_whitespace()).count();
+    let rest = &entry[space(entry)..];
+    let first = token(rest);
+    if first == 0 {
+        return None;
+    }
+    let rest = &rest[first..];
+    let rest = &rest[space(rest)..];
+    let second = token(rest);
+    (second > 0).then(|| &rest[..second])
 }
 
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
@@ -604,6 +621,28 @@ mod tests {
                 check_path(path).is_ok(),
                 check_path_as_written(path),
                 "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn second_token_as_split_whitespace() {
+        for entry in [
+            "",
+            " ",
+            "1.1",
+            "1.1 ",
+            " 1.1  shield ",
+            "1.1\tshield\t(comment)",
+            "1.1 a b",
+            "\t\t",
+            "HTTP/1.1 edge-1",
+            "x  ",
+        ] {
+            assert_eq!(
+                second_token(entry.as_bytes()),
+                entry.split_whitespace().nth(1).map(str::as_bytes),
+                "{entry:?}"
             );
         }
     }
