@@ -20,8 +20,8 @@
 //! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
 //! - [`diff`]: old body + new body → patches.
 //! - [`admin`], [`status`]: metrics, health, refresh, the operator's page.
-//! - [`config`], [`error`], [`metrics`], [`demo`]: flags and TOML, refusals,
-//!   counters, the embedded demo origin.
+//! - [`config`], [`error`], [`metrics`], [`demo`], [`logtime`]: flags and TOML, refusals,
+//!   counters, the embedded demo origin, the log lines' timestamp.
 
 // No unwrap() on anything that comes from the network: checked by clippy outside tests.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
@@ -34,6 +34,7 @@ pub mod demo;
 pub mod diff;
 pub mod error;
 pub mod feed;
+pub mod logtime;
 pub mod metrics;
 pub mod net;
 pub mod router;

@@ -108,6 +108,7 @@ fn init_logs(format: LogFormat) {
     match format {
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_timer(braid_proxy::logtime::LogClock)
             .with_writer(std::io::stderr)
             .init(),
         LogFormat::Json => {

@@ -1221,6 +1221,25 @@ mod refusals {
         refused(&request, 431, |c| c.max_headers = 20).await;
     }
 
+    /// The default limit (100, hyper's own, which the proxy then leaves
+    /// unnamed) holds as a named one does.
+    #[tokio::test]
+    async fn the_default_header_limit_is_100() {
+        let origin = Origin::echo().await;
+        let proxy = Proxy::start(&origin.url(), |_| {}).await;
+        // Host + Connection + 98 others = 100 headers: sent on (the echo
+        // origin, with the forwarding headers added, may refuse them itself).
+        let response = raw_exchange(proxy.addr, &request_with_headers(&numbered_headers(98))).await;
+        assert!(
+            response
+                .header("cache-status")
+                .is_some_and(|v| v.contains("fwd-status=")),
+            "100 headers should reach the origin: {response:?}"
+        );
+        let request = request_with_headers(&numbered_headers(99));
+        refused(&request, 431, |_| {}).await;
+    }
+
     /// A subscription (which the proxy may parse itself, src/net/fastpath.rs)
     /// is held to the same limit.
     #[tokio::test]

@@ -212,13 +212,7 @@ impl Gets {
             CacheOutcome::Revalidated
         } else {
             let now = std::time::SystemTime::now();
-            match cache::reuse(
-                stored.status,
-                &stored.headers,
-                stored.timing,
-                request_cc,
-                now,
-            ) {
+            match stored.reuse(request_cc, now) {
                 Reuse::Fresh { ttl } => CacheOutcome::Hit { ttl },
                 Reuse::Revalidate => {
                     let ttl = cache::stale_while_revalidate(

@@ -351,12 +351,61 @@ pub fn reuse(
     request: &CacheControl,
     now: SystemTime,
 ) -> Reuse {
-    let cc = response_cache_control(headers);
+    reuse_known(&Freshness::of(status, headers, timing), request, now)
+}
+
+/// What a stored response's own status, headers and timing say for
+/// [`reuse`]: the same for every request, so computed once per stored
+/// answer (`Stored::reuse`).
+#[derive(Debug, Clone)]
+pub struct Freshness {
+    /// Its caching directives ([`response_cache_control`]).
+    pub cc: CacheControl,
+    /// [`freshness_lifetime`].
+    pub lifetime: u64,
+    /// [`current_age`] when it arrived, and whether it stays so (an
+    /// invalid `Age`).
+    initial_age: u64,
+    age_fixed: bool,
+    response_time: SystemTime,
+}
+
+impl Freshness {
+    pub fn of(status: StatusCode, headers: &HeaderMap, timing: Timing) -> Freshness {
+        let arrived = timing.response_time;
+        let initial_age = current_age(headers, timing, arrived);
+        // Only the age an invalid `Age` gives does not grow.
+        let later = current_age(headers, timing, arrived + Duration::from_secs(1));
+        Freshness {
+            cc: response_cache_control(headers),
+            lifetime: freshness_lifetime(status, headers, timing),
+            initial_age,
+            age_fixed: later == initial_age,
+            response_time: arrived,
+        }
+    }
+
+    /// [`current_age`] at `now`.
+    pub fn age(&self, now: SystemTime) -> u64 {
+        if self.age_fixed {
+            return self.initial_age;
+        }
+        let resident = now
+            .duration_since(self.response_time)
+            .map(secs)
+            .unwrap_or(0);
+        self.initial_age.saturating_add(resident)
+    }
+}
+
+/// [`reuse`] with the stored response's side known.
+pub fn reuse_known(stored: &Freshness, request: &CacheControl, now: SystemTime) -> Reuse {
+    let cc = &stored.cc;
     if cc.no_cache || request.no_cache {
         return Reuse::Revalidate;
     }
-    let lifetime = freshness_lifetime(status, headers, timing);
-    let age = current_age(headers, timing, now);
+    let lifetime = stored.lifetime;
+    let age = stored.age(now);
     let ttl = lifetime as i64 - age as i64;
     if let Some(max_age) = request.max_age {
         if age > max_age {

@@ -720,13 +720,12 @@ impl Relays {
         version: Option<&VersionList>,
         proxy_id: &str,
     ) -> Option<Response<Body>> {
-        let view = view_key(key, req.headers());
         let known = {
             let sessions = lock(&self.sessions);
-            sessions
-                .get(&key.path)?
-                .iter()
-                .find_map(|s| s.live_view(&view))?
+            // The view key is built only for a URL with sessions.
+            let list = sessions.get(&key.path)?;
+            let view = view_key(key, req.headers());
+            list.iter().find_map(|s| s.live_view(&view))?
         };
         // A `Version:` GET is answered when it names the version held.
         if version.is_some_and(|v| *v != known.version) {

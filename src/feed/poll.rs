@@ -409,6 +409,8 @@ impl Watchers {
                 timing,
                 version: body_is_head.then(|| head.version.clone()),
                 invalid: false,
+                prepared: Default::default(),
+                freshness: Default::default(),
             }));
             resource.uncacheable.store(false, Relaxed);
         } else if changed {

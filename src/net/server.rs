@@ -137,8 +137,12 @@ impl Builders {
         http1
             .timer(TokioTimer::new())
             .header_read_timeout(config.header_read_timeout)
-            .max_headers(config.max_headers)
             .max_buf_size(CONNECTION_WRITE_BUFFER.max(config.max_header_bytes + 1024));
+        // hyper's own limit is 100 headers; naming a limit, even that one,
+        // makes it fill two arrays of that many slots for every request head.
+        if config.max_headers != HYPER_MAX_HEADERS {
+            http1.max_headers(config.max_headers);
+        }
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
@@ -153,6 +157,9 @@ impl Builders {
         }
     }
 }
+
+/// The request headers hyper's HTTP/1.1 side accepts when told no limit.
+const HYPER_MAX_HEADERS: usize = 100;
 
 /// The HTTP/2 connection preface a prior-knowledge (h2c) client opens with.
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

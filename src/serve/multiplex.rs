@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::{Body as _, Frame};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
@@ -88,10 +88,12 @@ pub enum Intent {
 /// Classifies a request; `None` for an ordinary request. A malformed
 /// multiplexer request is a 400 naming what is wrong.
 pub fn classify<B>(req: &Request<B>, limits: &Limits) -> Result<Option<Intent>, Refusal> {
+    static MULTIPLEX_VERSION: HeaderName = HeaderName::from_static("multiplex-version");
+    static MULTIPLEX_THROUGH: HeaderName = HeaderName::from_static("multiplex-through");
     let path = req.uri().path();
     let version_ok = req
         .headers()
-        .get("multiplex-version")
+        .get(&MULTIPLEX_VERSION)
         .is_some_and(|v| v.as_bytes() == VERSION.as_bytes());
     let on_well_known = path.starts_with(WELL_KNOWN);
     if req.method().as_str() == "MULTIPLEX" || on_well_known {
@@ -123,11 +125,10 @@ pub fn classify<B>(req: &Request<B>, limits: &Limits) -> Result<Option<Intent>, 
         }));
     }
     // braid-http ignores Multiplex-Through without the version it speaks.
-    let Some(through) = req
-        .headers()
-        .get("multiplex-through")
-        .filter(|_| version_ok)
-    else {
+    if !version_ok {
+        return Ok(None);
+    }
+    let Some(through) = req.headers().get(&MULTIPLEX_THROUGH) else {
         return Ok(None);
     };
     let text = through

@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
@@ -44,26 +45,43 @@ pub struct BraidRequest {
 impl BraidRequest {
     /// Parses the Braid request headers; a malformed one is a 400 naming it.
     pub fn parse(headers: &HeaderMap) -> Result<BraidRequest, Refusal> {
+        // Names made once: a `&str` name is parsed again at every lookup.
+        static SUBSCRIBE: HeaderName = HeaderName::from_static("subscribe");
+        static PARENTS: HeaderName = HeaderName::from_static("parents");
+        static VERSION: HeaderName = HeaderName::from_static("version");
+        static HEARTBEATS: HeaderName = HeaderName::from_static("heartbeats");
+        static MERGE_TYPE: HeaderName = HeaderName::from_static("merge-type");
+        static PEER: HeaderName = HeaderName::from_static("peer");
         let mut out = BraidRequest::default();
-        if let Some(v) = headers.get("subscribe") {
+        // Most requests carry none of them: one pass over the names says so.
+        let braid_name = |name: &HeaderName| {
+            matches!(
+                name.as_str(),
+                "subscribe" | "parents" | "version" | "heartbeats" | "merge-type"
+            )
+        };
+        if !headers.keys().any(braid_name) {
+            return Ok(out);
+        }
+        if let Some(v) = headers.get(&SUBSCRIBE) {
             out.subscribe = braid::parse_subscribe(v.as_bytes()).map_err(bad)?;
             out.subscribe_echo = Some(v.clone());
         }
-        if let Some(v) = headers.get("parents") {
+        if let Some(v) = headers.get(&PARENTS) {
             out.parents = Some(VersionList::parse(v.as_bytes()).map_err(bad)?);
         }
-        if let Some(v) = headers.get("version") {
+        if let Some(v) = headers.get(&VERSION) {
             out.version = Some(VersionList::parse_named(v.as_bytes(), "Version").map_err(bad)?);
         }
-        if let Some(v) = headers.get("heartbeats") {
+        if let Some(v) = headers.get(&HEARTBEATS) {
             out.heartbeats = Some(braid::parse_heartbeats(v.as_bytes()).map_err(bad)?);
             out.heartbeats_echo = Some(v.clone());
         }
         let simpleton = headers
-            .get("merge-type")
+            .get(&MERGE_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("simpleton"));
-        out.peer_specific = simpleton && headers.contains_key("peer");
+        out.peer_specific = simpleton && headers.contains_key(&PEER);
         Ok(out)
     }
 }
@@ -281,6 +299,25 @@ pub fn serve_stored<B>(
     cache_id: &str,
 ) -> Response<Body> {
     let current = stored.version.as_ref().filter(|v| **v == head.version);
+    let prepared = stored
+        .prepared
+        .get_or_init(|| prepare(stored, current, head, cache_id));
+    let fits = prepared.cache_id == cache_id
+        && match (&prepared.digest, current) {
+            (Some(digest), Some(_)) => *digest == head.digest,
+            (None, None) => true,
+            _ => false,
+        };
+    if fits && !not_modified(req, stored, prepared.etag.as_deref(), &prepared.headers) {
+        return answer_prepared(req, stored, prepared, outcome, cache_id);
+    }
+    // A 304, or a head other than the one the prepared headers name.
+    serve_built(req, stored, current, head, outcome, cache_id)
+}
+
+/// The stored headers a plain GET is answered with, an `ETag` made from
+/// the version when the origin gave none, and the `ETag` answered.
+fn answer_headers(stored: &Stored, current: Option<&VersionList>) -> (HeaderMap, Option<String>) {
     let mut headers = stored.headers.clone();
     // A version the origin gave no ETag for gets one (the Braid version).
     if !headers.contains_key(header::ETAG) {
@@ -295,10 +332,21 @@ pub fn serve_stored<B>(
         .get(header::ETAG)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    (headers, etag)
+}
+
+/// Whether the client's own `If-None-Match` (weak comparison) or
+/// `If-Modified-Since` matches the stored answer: then a 304.
+fn not_modified<B>(
+    req: &Request<B>,
+    stored: &Stored,
+    etag: Option<&str>,
+    headers: &HeaderMap,
+) -> bool {
     let rh = req.headers();
-    let not_modified = stored.status == StatusCode::OK
+    stored.status == StatusCode::OK
         && match rh.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
-            Some(inm) => cache::if_none_match(inm, etag.as_deref()),
+            Some(inm) => cache::if_none_match(inm, etag),
             None => rh
                 .get(header::IF_MODIFIED_SINCE)
                 .and_then(|v| v.to_str().ok())
@@ -309,9 +357,11 @@ pub fn serve_stored<B>(
                         .or_else(|| headers.get(header::DATE));
                     cache::not_modified_since(modified, ims)
                 }),
-        };
-    let age = cache::current_age(&stored.headers, stored.timing, std::time::SystemTime::now());
-    headers.insert(header::AGE, HeaderValue::from(age));
+        }
+}
+
+/// `Version`, `Current-Version` and `Repr-Digest` of a body that is the head's.
+fn add_braid_headers(headers: &mut HeaderMap, current: Option<&VersionList>, head: &Head) {
     if let Some(version) = current {
         let value = version.to_header_value();
         if let Ok(v) = HeaderValue::from_str(&value) {
@@ -324,23 +374,150 @@ pub fn serve_stored<B>(
             }
         }
     }
-    let status = match outcome {
-        CacheOutcome::Hit { ttl } => format!("hit; ttl={ttl}"),
-        CacheOutcome::Revalidated => "fwd=stale; fwd-status=304".to_string(),
-        CacheOutcome::Fetched { fwd } => format!("fwd={fwd}; fwd-status=200; stored"),
+}
+
+/// This proxy's `Cache-Status` entry (RFC 9211) for an answer from state.
+fn cache_status(cache_id: &str, outcome: CacheOutcome) -> Option<HeaderValue> {
+    use std::fmt::Write as _;
+    let mut value = String::with_capacity(cache_id.len() + 40);
+    value.push('"');
+    value.push_str(cache_id);
+    value.push_str("\"; ");
+    match outcome {
+        CacheOutcome::Hit { ttl } => {
+            let _ = write!(value, "hit; ttl={ttl}");
+        }
+        CacheOutcome::Revalidated => value.push_str("fwd=stale; fwd-status=304"),
+        CacheOutcome::Fetched { fwd } => {
+            value.push_str("fwd=");
+            value.push_str(fwd);
+            value.push_str("; fwd-status=200; stored");
+        }
         CacheOutcome::StaleWhileRevalidate { ttl } => {
-            format!("hit; ttl={ttl}; detail=\"stale-while-revalidate\"")
+            let _ = write!(value, "hit; ttl={ttl}; detail=\"stale-while-revalidate\"");
         }
         CacheOutcome::StaleIfError {
             fwd_status: Some(s),
         } => {
-            format!("fwd=stale; fwd-status={s}; detail=\"stale-if-error\"")
+            let _ = write!(
+                value,
+                "fwd=stale; fwd-status={s}; detail=\"stale-if-error\""
+            );
         }
         CacheOutcome::StaleIfError { fwd_status: None } => {
-            "fwd=stale; detail=\"stale-if-error\"".to_string()
+            value.push_str("fwd=stale; detail=\"stale-if-error\"");
         }
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+/// The headers every non-304 answer from `stored` shares, in the order
+/// [`serve_built`] sets them, `Age` and the last `Cache-Status` entry
+/// holding placeholders.
+fn prepare(
+    stored: &Stored,
+    current: Option<&VersionList>,
+    head: &Head,
+    cache_id: &str,
+) -> crate::state::Prepared {
+    let (mut headers, etag) = answer_headers(stored, current);
+    headers.insert(header::AGE, HeaderValue::from_static("0"));
+    add_braid_headers(&mut headers, current, head);
+    if let Some(v) = cache_status(cache_id, CacheOutcome::Revalidated) {
+        headers.append(HeaderName::from_static("cache-status"), v);
+    }
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(stored.body.len()));
+    crate::state::Prepared {
+        headers,
+        etag,
+        cache_id: cache_id.to_string(),
+        digest: current.map(|_| head.digest.clone()),
+        last_hit: Mutex::new(None),
+    }
+}
+
+/// A non-304 answer from the prepared headers: `Age` and `Cache-Status`
+/// set in place, the body shared.
+fn answer_prepared<B>(
+    req: &Request<B>,
+    stored: &Stored,
+    prepared: &crate::state::Prepared,
+    outcome: CacheOutcome,
+    cache_id: &str,
+) -> Response<Body> {
+    let age = stored.freshness().age(std::time::SystemTime::now());
+    let mut headers = prepared.headers.clone();
+    // Set in place: an insert would first make room for one more entry,
+    // and a full map (12 of 16 slots, say) is rebuilt to do so.
+    let (mut age_slot, mut status_slot) = (None, None);
+    for (name, value) in headers.iter_mut() {
+        if name == header::AGE {
+            age_slot = Some(value);
+        } else if name.as_str() == "cache-status" {
+            status_slot = Some(value);
+        }
+    }
+    let (age_value, status) = match outcome {
+        CacheOutcome::Hit { ttl } => hit_values(prepared, age, ttl, cache_id),
+        _ => (HeaderValue::from(age), cache_status(cache_id, outcome)),
     };
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{cache_id}\"; {status}")) {
+    if let Some(slot) = age_slot {
+        *slot = age_value;
+    }
+    if let (Some(slot), Some(v)) = (status_slot, status) {
+        *slot = v;
+    }
+    let mut response = if req.method() == Method::HEAD {
+        Response::new(body::empty())
+    } else {
+        Response::new(body::full(stored.body.clone()))
+    };
+    *response.status_mut() = stored.status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The `Age` and `Cache-Status` values of a hit: the last hit's when it
+/// said the same age and ttl (shared bytes, nothing formatted).
+fn hit_values(
+    prepared: &crate::state::Prepared,
+    age: u64,
+    ttl: i64,
+    cache_id: &str,
+) -> (HeaderValue, Option<HeaderValue>) {
+    let outcome = CacheOutcome::Hit { ttl };
+    let Ok(mut last) = prepared.last_hit.try_lock() else {
+        return (HeaderValue::from(age), cache_status(cache_id, outcome));
+    };
+    if let Some((a, t, age_value, status)) = last.as_ref() {
+        if (*a, *t) == (age, ttl) {
+            return (age_value.clone(), Some(status.clone()));
+        }
+    }
+    let age_value = HeaderValue::from(age);
+    let status = cache_status(cache_id, outcome);
+    if let Some(status) = &status {
+        *last = Some((age, ttl, age_value.clone(), status.clone()));
+    }
+    (age_value, status)
+}
+
+/// [`serve_stored`] built from the stored headers, for the answers the
+/// prepared headers do not fit.
+fn serve_built<B>(
+    req: &Request<B>,
+    stored: &Stored,
+    current: Option<&VersionList>,
+    head: &Head,
+    outcome: CacheOutcome,
+    cache_id: &str,
+) -> Response<Body> {
+    let (mut headers, etag) = answer_headers(stored, current);
+    let not_modified = not_modified(req, stored, etag.as_deref(), &headers);
+    let age = cache::current_age(&stored.headers, stored.timing, std::time::SystemTime::now());
+    headers.insert(header::AGE, HeaderValue::from(age));
+    add_braid_headers(&mut headers, current, head);
+    if let Some(v) = cache_status(cache_id, outcome) {
         headers.append(HeaderName::from_static("cache-status"), v);
     }
     let mut response = if not_modified {

@@ -12,5 +12,5 @@ pub mod window;
 pub use registry::{Key, Registry, RegistryLimits};
 pub use resource::{
     announced_version, derived_version, repr_digest, strong_etag, Change, Head, History, Kind,
-    Recording, Resource, State, Stored, Ticket, Tuning, Validation,
+    Memo, Prepared, Recording, Resource, State, Stored, Ticket, Tuning, Validation,
 };

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
 use bytes::Bytes;
@@ -53,6 +53,79 @@ pub struct Stored {
     pub version: Option<VersionList>,
     /// Set by an unsafe request or the refresh hook: revalidate before reuse.
     pub invalid: bool,
+    /// The headers of a plain GET answered from it, built on its first hit
+    /// ([`crate::serve::subscribe::serve_stored`]).
+    pub prepared: Memo<Prepared>,
+    /// What its own headers say about its freshness, computed on first use.
+    pub freshness: Memo<crate::cache::Freshness>,
+}
+
+impl Stored {
+    /// [`crate::cache::reuse`] for this stored answer.
+    pub fn reuse(
+        &self,
+        request: &crate::cache::CacheControl,
+        now: SystemTime,
+    ) -> crate::cache::Reuse {
+        crate::cache::reuse_known(self.freshness(), request, now)
+    }
+
+    /// What its own headers say about its freshness.
+    pub fn freshness(&self) -> &crate::cache::Freshness {
+        self.freshness
+            .get_or_init(|| crate::cache::Freshness::of(self.status, &self.headers, self.timing))
+    }
+}
+
+/// What every hit on one stored answer shares: its response headers with
+/// the values of the request that built them for `Age` and the last
+/// `Cache-Status` entry, which each hit sets in place (same positions, so
+/// the same bytes as building them anew).
+#[derive(Debug)]
+pub struct Prepared {
+    pub headers: HeaderMap,
+    /// The `ETag` answered (the origin's, or one made from the version).
+    pub etag: Option<String>,
+    /// The `Cache-Status` name these headers were built for.
+    pub cache_id: String,
+    /// The head's `Repr-Digest` when built with the Braid headers (the body
+    /// was the head's), `None` when built without them.
+    pub digest: Option<String>,
+    /// The `Age` and `Cache-Status` values of the last hit, with the age and
+    /// ttl they say: the hits of the same second share them.
+    pub last_hit: Mutex<Option<(u64, i64, HeaderValue, HeaderValue)>>,
+}
+
+/// A value built at most once from what holds it. A clone starts empty:
+/// clones of a [`Stored`] are made to be changed.
+pub struct Memo<T>(OnceLock<T>);
+
+impl<T> Memo<T> {
+    pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(f)
+    }
+}
+
+impl<T> Default for Memo<T> {
+    fn default() -> Self {
+        Memo(OnceLock::new())
+    }
+}
+
+impl<T> Clone for Memo<T> {
+    fn clone(&self) -> Self {
+        Memo::default()
+    }
+}
+
+impl<T> std::fmt::Debug for Memo<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Memo(built)"
+        } else {
+            "Memo(empty)"
+        })
+    }
 }
 
 /// A resource's current version, shared by every subscriber.
