@@ -70,7 +70,8 @@ impl Gets {
         let mut response = self.answer(req, braid).await?;
         if !self.config.keep_surrogate_key {
             // Meant for this cache (purging by tag), not for clients.
-            response.headers_mut().remove("surrogate-key");
+            const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
+            response.headers_mut().remove(SURROGATE_KEY);
         }
         Ok(response)
     }
