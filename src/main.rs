@@ -110,6 +110,12 @@ fn init_logs(format: LogFormat) {
             .with_env_filter(filter)
             .with_timer(braid_proxy::logtime::LogClock)
             .with_writer(std::io::stderr)
+            // Colours for a person at a terminal; none in files and pipes
+            // (supervisors, log shippers), nor with NO_COLOR set.
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty()),
+            )
             .init(),
         LogFormat::Json => {
             let filter = match BANNER.parse() {

@@ -341,6 +341,49 @@ fn json_lines(text: &str, stream: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// One request (so that an access line is logged), then a graceful
+/// shutdown (so that its lines are there too); everything the process
+/// wrote on either stream.
+fn get_notes_then_stop(child: std::process::Child, addr: &str) -> std::process::Output {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /notes.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .expect("write");
+    let mut answer = Vec::new();
+    std::io::Read::read_to_end(&mut stream, &mut answer).expect("read");
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(stopped.success());
+    child.wait_with_output().expect("the proxy ends")
+}
+
+#[test]
+fn text_logs_into_a_pipe_carry_no_colour_codes() {
+    let (child, addr, banner) = spawn_binary(&[]);
+    assert!(
+        banner.starts_with("braid-proxy listening on http://"),
+        "{banner}"
+    );
+    let output = get_notes_then_stop(child, &addr);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let access = stderr
+        .lines()
+        .find(|l| l.contains("GET /notes.txt"))
+        .unwrap_or_else(|| panic!("an access line: {stderr}"));
+    assert!(
+        access.contains(" INFO access: GET /notes.txt HTTP/1.1 200 "),
+        "{access}"
+    );
+    assert!(
+        !stderr.contains('\x1b'),
+        "colour codes in a pipe: {stderr:?}"
+    );
+}
+
 #[test]
 fn json_logs_are_one_object_per_line_on_stdout_and_stderr() {
     let (child, addr, banner) =
@@ -356,23 +399,7 @@ fn json_logs_are_one_object_per_line_on_stdout_and_stderr() {
         );
     }
     assert_eq!(banner["demo"], true, "{banner}");
-    // One request, so that an access line is logged.
-    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
-    std::io::Write::write_all(
-        &mut stream,
-        b"GET /notes.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    )
-    .expect("write");
-    let mut answer = Vec::new();
-    std::io::Read::read_to_end(&mut stream, &mut answer).expect("read");
-    // A graceful shutdown, so that its lines are there too; then
-    // everything the process wrote on either stream.
-    let stopped = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(stopped.success());
-    let output = child.wait_with_output().expect("the proxy ends");
+    let output = get_notes_then_stop(child, &addr);
     let stdout = json_lines(&String::from_utf8_lossy(&output.stdout), "stdout");
     let stderr = json_lines(&String::from_utf8_lossy(&output.stderr), "stderr");
     assert!(stdout.is_empty(), "only the banner on stdout: {stdout:?}");
