@@ -307,7 +307,7 @@ fn relayed(relays: &Relays) -> Vec<ResourceStatus> {
                 private: s.private,
                 version: s.version.map(|v| v.to_header_value()),
                 subscribers: s.subscribers,
-                last_change_secs_ago: None,
+                last_change_secs_ago: s.last_update.map(secs),
                 health: health.to_string(),
                 healthy,
             }

@@ -990,6 +990,11 @@ async fn the_operators_status_lists_a_relayed_subscription_and_its_subscribers()
     assert_eq!(doc["subscribers"], 3, "{doc}");
     assert_eq!(doc["version"], "\"v1\"", "{doc}");
     assert_eq!(doc["health"], "upstream stream live", "{doc}");
+    // The update came a moment ago (read, at most, within this test).
+    let ago = doc["last_change_secs_ago"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no last change: {doc}"));
+    assert!((0.0..30.0).contains(&ago), "{doc}");
     assert_eq!(upstream.requests().len(), 1);
 }
 

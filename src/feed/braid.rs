@@ -127,6 +127,8 @@ pub struct SessionSummary {
     pub ended: bool,
     /// Its opener found a plain origin: the resource is polled instead.
     pub plain: bool,
+    /// How long ago the newest update came from the upstream.
+    pub last_update: Option<Duration>,
 }
 
 /// One upstream subscription and everything it sent.
@@ -293,6 +295,8 @@ struct Received {
     blanks_after_updates: Option<usize>,
     /// An update was framed.
     seen_update: bool,
+    /// When the newest update was framed (the operator's page shows it).
+    last_update: Option<Instant>,
 }
 
 /// The blank lines braid-http's server writes after every update, expected
@@ -413,6 +417,7 @@ impl Relays {
                     opened: tick.opened,
                     ended: tick.ended,
                     plain: tick.plain,
+                    last_update: window.last_update.map(|at| at.elapsed()),
                 }
             })
             .collect()
@@ -1000,6 +1005,7 @@ impl Relays {
                     }
                     Ok(Some(Piece::Update(update))) => {
                         window.framed(true);
+                        window.last_update = Some(Instant::now());
                         Metrics::inc(&self.metrics.upstream_updates_total);
                         let applied = lock(&session.model)
                             .understand(&update.raw, self.config.max_body_bytes)
