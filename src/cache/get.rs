@@ -399,15 +399,8 @@ async fn fetch(
             .not_modified(resource, response.headers(), timing, asked);
         resource.validated(true);
         Metrics::inc(&inner.metrics.cache_revalidated_total);
-        if let Some(stored) = resource.stored() {
-            let head = resource.head();
-            return Ok(subscribe::serve_stored(
-                &probe,
-                &stored,
-                &head,
-                CacheOutcome::Revalidated,
-                &config.proxy_id,
-            ));
+        if let Some(answer) = from_stored(&probe, resource, CacheOutcome::Revalidated, config) {
+            return Ok(answer);
         }
     }
     if let (true, StatusCode::OK, Some(resource), Some(old)) =
@@ -426,15 +419,9 @@ async fn fetch(
                 resource.set_stored(Some(updated));
                 drop(recording);
                 resource.validated(true);
-                if let Some(stored) = resource.stored() {
-                    let head = resource.head();
-                    return Ok(subscribe::serve_stored(
-                        &probe,
-                        &stored,
-                        &head,
-                        CacheOutcome::Fetched { fwd: "stale" },
-                        &config.proxy_id,
-                    ));
+                let outcome = CacheOutcome::Fetched { fwd: "stale" };
+                if let Some(answer) = from_stored(&probe, resource, outcome, config) {
+                    return Ok(answer);
                 }
             }
         } else {
@@ -634,16 +621,30 @@ async fn fetch_whole(
         .absorb_fetched(&target, parts.status, &parts.headers, bytes, sent, true);
     target.validated(true);
     drop(guard);
-    let stored = target
-        .stored()
-        .ok_or_else(|| Refusal::UpstreamBroken("origin answer could not be stored".into()))?;
-    let head = target.head();
-    Ok(subscribe::serve_stored(
+    from_stored(
         &probe,
+        &target,
+        CacheOutcome::Fetched { fwd },
+        &inner.config,
+    )
+    .ok_or_else(|| Refusal::UpstreamBroken("origin answer could not be stored".into()))
+}
+
+/// `resource`'s stored answer to `probe`, if it has one, as `outcome` says.
+fn from_stored(
+    probe: &Request<()>,
+    resource: &Resource,
+    outcome: CacheOutcome,
+    config: &Config,
+) -> Option<Response<Body>> {
+    let stored = resource.stored()?;
+    let head = resource.head();
+    Some(subscribe::serve_stored(
+        probe,
         &stored,
         &head,
-        CacheOutcome::Fetched { fwd },
-        &inner.config.proxy_id,
+        outcome,
+        &config.proxy_id,
     ))
 }
 

@@ -1399,6 +1399,48 @@ impl Window for SessionWindow {
             metrics: self.metrics.clone(),
         }))
     }
+
+    fn step_now(&self, at: u64) -> Option<(Step, bool)> {
+        let session = self.session.upgrade()?;
+        let (end, prev, ended) = {
+            let tick = session.tick.borrow();
+            (tick.end, tick.prev, tick.ended)
+        };
+        Some((session_step(&session, end, prev, &self.metrics, at), ended))
+    }
+}
+
+/// What takes a subscriber at `at` toward `end` (the announced end; `prev`
+/// the one before it): a laggard of a linear stream gets one collapsed
+/// update to the end, any other the next entry as received.
+fn session_step(session: &Session, end: u64, prev: u64, metrics: &Metrics, at: u64) -> Step {
+    if at >= end {
+        return Step::Stay;
+    }
+    if at < prev {
+        if let Some(bytes) = session.collapsed(at, end, metrics) {
+            return Step::Write {
+                bytes,
+                to: end,
+                updates: 1,
+                snapshot: false,
+            };
+        }
+    }
+    let window = lock(&session.window);
+    let entry = at
+        .checked_sub(window.first)
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| window.entries.get(i));
+    match entry {
+        Some(entry) => Step::Write {
+            bytes: entry.raw.clone(),
+            to: at + 1,
+            updates: 1,
+            snapshot: false,
+        },
+        None => Step::Lost,
+    }
 }
 
 /// A session's window at one announced end.
@@ -1416,37 +1458,8 @@ impl Frozen for SessionAt {
         self.end
     }
 
-    /// A laggard of a linear stream: one collapsed update to the end.
-    /// Otherwise the next entry as received.
     fn step(&self, at: u64) -> Step {
-        let (session, end) = (&self.session, self.end);
-        if at >= end {
-            return Step::Stay;
-        }
-        if at < self.prev {
-            if let Some(bytes) = session.collapsed(at, end, &self.metrics) {
-                return Step::Write {
-                    bytes,
-                    to: end,
-                    updates: 1,
-                    snapshot: false,
-                };
-            }
-        }
-        let window = lock(&session.window);
-        let entry = at
-            .checked_sub(window.first)
-            .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| window.entries.get(i));
-        match entry {
-            Some(entry) => Step::Write {
-                bytes: entry.raw.clone(),
-                to: at + 1,
-                updates: 1,
-                snapshot: false,
-            },
-            None => Step::Lost,
-        }
+        session_step(&self.session, self.end, self.prev, &self.metrics, at)
     }
 
     /// The newest entry, as received: what a subscriber lacking only it is sent.

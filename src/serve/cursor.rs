@@ -3,7 +3,7 @@
 //! A cursor is a position in a [`Window`] and nothing more: no queue. It
 //! is the body of a 209 that hyper (or the fast path) pulls when the
 //! connection has room; each pull asks the window what takes this position
-//! to the head ([`Frozen::step`]), which for a slow reader is one collapsed
+//! to the head ([`Window::step_now`]), which for a slow reader is one collapsed
 //! update or a snapshot, never the backlog. Between updates it waits on the
 //! feed's change channel (any `watch`), the shared heartbeat tick and
 //! shutdown. While it is parked, direct delivery advances its position in
@@ -101,8 +101,8 @@ impl<T: Send + Sync + 'static> Cursor<T> {
             if advanced != NONE && (self.at == NONE || advanced > self.at) {
                 self.at = advanced;
             }
-            let view = self.window.freeze()?;
-            match view.step(self.at) {
+            let (step, over) = self.window.step_now(self.at)?;
+            match step {
                 Step::Write {
                     bytes,
                     to,
@@ -123,10 +123,9 @@ impl<T: Send + Sync + 'static> Cursor<T> {
                 }
                 // Fell out of the window: end; the client resumes with Parents.
                 Step::Lost => return None,
-                Step::Stay if view.over() => return None,
+                Step::Stay if over => return None,
                 Step::Stay => {}
             }
-            drop(view);
             let heartbeat = async {
                 match self.heartbeat.as_mut() {
                     Some(rx) => rx.changed().await.is_ok(),

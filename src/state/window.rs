@@ -57,6 +57,13 @@ pub trait Window: Send + Sync + 'static {
     fn head(&self) -> Option<u64>;
     /// A view fixed at the current head; `None` once the window is gone.
     fn freeze(&self) -> Option<Box<dyn Frozen>>;
+    /// What takes a subscriber at `at` toward the current head, and whether
+    /// the feed is over: one cursor's step, which a feed may answer without
+    /// building a view (it runs per update per subscriber on its own task).
+    fn step_now(&self, at: u64) -> Option<(Step, bool)> {
+        let view = self.freeze()?;
+        Some((view.step(at), view.over()))
+    }
 }
 
 /// A window fixed at one head.
@@ -106,6 +113,13 @@ impl Window for Polled {
             metrics: self.metrics.clone(),
         }))
     }
+
+    fn step_now(&self, at: u64) -> Option<(Step, bool)> {
+        let resource = self.resource.upgrade()?;
+        let head = resource.head();
+        let step = polled_step(&resource, &head, &self.history, &self.metrics, at);
+        Some((step, false))
+    }
 }
 
 /// [`Polled`] at one head.
@@ -122,34 +136,7 @@ impl Frozen for PolledAt {
     }
 
     fn step(&self, at: u64) -> Step {
-        let (resource, head) = (&self.resource, &self.head);
-        if head.seq == 0 || at == head.seq {
-            return Step::Stay;
-        }
-        let update = match at {
-            NONE => None,
-            at if at + 1 == head.seq && head.update.is_some() => head.update.clone(),
-            at if at < head.seq => resource.catch_up(at, head, &self.history, &self.metrics),
-            _ => None,
-        };
-        let (bytes, snapshot) = match update {
-            Some(update) => (update, false),
-            None => {
-                let built = !head.has_snapshot();
-                let snapshot = head.snapshot();
-                if built && resource.head().seq == head.seq {
-                    // A new copy held by the head: counted.
-                    resource.reweigh();
-                }
-                (snapshot, true)
-            }
-        };
-        Step::Write {
-            bytes,
-            to: head.seq,
-            updates: 1,
-            snapshot,
-        }
+        polled_step(&self.resource, &self.head, &self.history, &self.metrics, at)
     }
 
     fn usual(&self) -> Option<Bytes> {
@@ -158,6 +145,44 @@ impl Frozen for PolledAt {
 
     fn hold(&self, chunk: Bytes) -> Bytes {
         counted(chunk, &self.resource)
+    }
+}
+
+/// What takes a subscriber at `at` ([`NONE`]: nothing) to `head`: its own
+/// update, a collapsed one, or a snapshot.
+fn polled_step(
+    resource: &Resource,
+    head: &Head,
+    history: &History,
+    metrics: &Metrics,
+    at: u64,
+) -> Step {
+    if head.seq == 0 || at == head.seq {
+        return Step::Stay;
+    }
+    let update = match at {
+        NONE => None,
+        at if at + 1 == head.seq && head.update.is_some() => head.update.clone(),
+        at if at < head.seq => resource.catch_up(at, head, history, metrics),
+        _ => None,
+    };
+    let (bytes, snapshot) = match update {
+        Some(update) => (update, false),
+        None => {
+            let built = !head.has_snapshot();
+            let snapshot = head.snapshot();
+            if built && resource.head().seq == head.seq {
+                // A new copy held by the head: counted.
+                resource.reweigh();
+            }
+            (snapshot, true)
+        }
+    };
+    Step::Write {
+        bytes,
+        to: head.seq,
+        updates: 1,
+        snapshot,
     }
 }
 
