@@ -155,6 +155,8 @@ pub struct Session {
     left: Notify,
     /// Its parked HTTP/1.1 subscribers, written to directly ([`direct`]).
     direct: Arc<direct::Parked>,
+    /// Its window as subscribers follow it: one for all of them.
+    followed: std::sync::OnceLock<Arc<dyn Window>>,
     /// The representation the updates build, where understood.
     model: Mutex<Model>,
     /// Collapsed updates built for laggards: (end they were built for, by start).
@@ -551,6 +553,7 @@ impl Relays {
             subscribers: AtomicUsize::new(0),
             left: Notify::new(),
             direct: Arc::default(),
+            followed: std::sync::OnceLock::new(),
             model: Mutex::default(),
             collapsed: Mutex::default(),
             written: Mutex::new(None),
@@ -1083,10 +1086,16 @@ impl Relays {
             Refusal::UpstreamBroken("the upstream subscription has no head".into())
         })?;
         let link = Arc::new(direct::Link::default());
-        let window: Arc<dyn Window> = Arc::new(SessionWindow {
-            session: Arc::downgrade(&session),
-            metrics: self.metrics.clone(),
-        });
+        let window = session
+            .followed
+            .get_or_init(|| {
+                Arc::new(SessionWindow {
+                    session: Arc::downgrade(&session),
+                    metrics: self.metrics.clone(),
+                    name: session.path.clone(),
+                })
+            })
+            .clone();
         let handle = direct::Handle {
             window: window.clone(),
             parked: session.direct.clone(),
@@ -1104,7 +1113,6 @@ impl Relays {
             closing: self.closing.clone(),
             metrics: self.metrics.clone(),
             held: Box::new(guard),
-            name: session.path.clone(),
             relayed: true,
         });
         let mut response = Response::new(body);
@@ -1376,9 +1384,14 @@ impl Drop for Subscriber {
 struct SessionWindow {
     session: std::sync::Weak<Session>,
     metrics: Arc<Metrics>,
+    name: String,
 }
 
 impl Window for SessionWindow {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn head(&self) -> Option<u64> {
         let session = self.session.upgrade()?;
         let tick = session.tick.borrow();

@@ -40,7 +40,6 @@ pub struct Cursor<T> {
     /// counts and its resource).
     _held: Box<dyn Send + Sync>,
     /// For the close log.
-    name: String,
     relayed: bool,
     opened: Instant,
     updates: u64,
@@ -57,7 +56,6 @@ pub struct Parts<T> {
     pub closing: watch::Receiver<bool>,
     pub metrics: Arc<Metrics>,
     pub held: Box<dyn Send + Sync>,
-    pub name: String,
     pub relayed: bool,
 }
 
@@ -66,7 +64,7 @@ impl<T: Send + Sync + 'static> Cursor<T> {
     pub fn body(parts: Parts<T>) -> Body {
         tracing::info!(
             target: "subscription",
-            resource = parts.name,
+            resource = parts.window.name(),
             relayed = parts.relayed,
             "subscription open"
         );
@@ -81,7 +79,6 @@ impl<T: Send + Sync + 'static> Cursor<T> {
             closing: parts.closing,
             metrics: parts.metrics,
             _held: parts.held,
-            name: parts.name,
             relayed: parts.relayed,
             opened: Instant::now(),
             updates: 0,
@@ -156,7 +153,7 @@ impl<T> Drop for Cursor<T> {
     fn drop(&mut self) {
         tracing::info!(
             target: "subscription",
-            resource = self.name,
+            resource = self.window.name(),
             relayed = self.relayed,
             duration_ms = self.opened.elapsed().as_millis() as u64,
             updates = self.updates + self.link.direct_updates.load(Relaxed),

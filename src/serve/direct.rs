@@ -671,6 +671,9 @@ mod tests {
     }
 
     impl Window for Arc<Moving> {
+        fn name(&self) -> &str {
+            "/moving"
+        }
         fn head(&self) -> Option<u64> {
             Some(self.head.load(Acquire))
         }

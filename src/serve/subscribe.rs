@@ -24,7 +24,7 @@ use crate::cache;
 use crate::error::Refusal;
 use crate::metrics::Metrics;
 use crate::net::body::{self, Body};
-use crate::state::window::{Polled, Window, NONE};
+use crate::state::window::NONE;
 use crate::state::{Head, History, Resource, State, Stored};
 
 /// What a subscription request asked for, parsed and validated.
@@ -193,11 +193,7 @@ impl Subscriptions {
         let interval = request.heartbeats.unwrap_or(self.default_heartbeat);
         let heartbeat = (!interval.is_zero()).then(|| self.heartbeats.ticker(interval));
         let link = Arc::new(Link::default());
-        let window: Arc<dyn Window> = Arc::new(Polled {
-            resource: Arc::downgrade(&resource),
-            history: self.history.clone(),
-            metrics: self.metrics.clone(),
-        });
+        let window = resource.window(&self.history, &self.metrics);
         let handle = Handle {
             window: window.clone(),
             parked: resource.direct.clone(),
@@ -214,7 +210,6 @@ impl Subscriptions {
             heartbeat,
             closing: self.closing.clone(),
             metrics: self.metrics.clone(),
-            name: resource.key().to_string(),
             held: Box::new((counted, resource)),
             relayed: false,
         });

@@ -370,6 +370,8 @@ pub struct Resource {
     publishing: Mutex<Ticket>,
     /// Its parked HTTP/1.1 subscribers, written to directly on each change.
     pub direct: Arc<crate::serve::direct::Parked>,
+    /// Its window as subscribers follow it: one for all of them.
+    followed: OnceLock<Arc<dyn super::window::Window>>,
 }
 
 impl Drop for Resource {
@@ -460,6 +462,7 @@ impl Resource {
             last_used: Mutex::new(Instant::now()),
             publishing: Mutex::new(Ticket(0)),
             direct: Arc::default(),
+            followed: OnceLock::new(),
         }
     }
 
@@ -597,6 +600,24 @@ impl Resource {
     /// The current head.
     pub fn head(&self) -> Arc<Head> {
         self.head.borrow().clone()
+    }
+
+    /// Its window as subscribers follow it (built once, shared by all).
+    pub fn window(
+        self: &Arc<Self>,
+        history: &Arc<History>,
+        metrics: &Arc<Metrics>,
+    ) -> Arc<dyn super::window::Window> {
+        self.followed
+            .get_or_init(|| {
+                Arc::new(super::window::Polled {
+                    resource: Arc::downgrade(self),
+                    history: history.clone(),
+                    metrics: metrics.clone(),
+                    name: self.key().to_string(),
+                })
+            })
+            .clone()
     }
 
     /// A receiver woken on every new head. Holding one makes a subscriber.

@@ -57,6 +57,8 @@ pub trait Window: Send + Sync + 'static {
     fn head(&self) -> Option<u64>;
     /// A view fixed at the current head; `None` once the window is gone.
     fn freeze(&self) -> Option<Box<dyn Frozen>>;
+    /// The URL it is of, for the subscription log.
+    fn name(&self) -> &str;
     /// What takes a subscriber at `at` toward the current head, and whether
     /// the feed is over: one cursor's step, which a feed may answer without
     /// building a view (it runs per update per subscriber on its own task).
@@ -96,9 +98,14 @@ pub struct Polled {
     pub resource: Weak<Resource>,
     pub history: Arc<History>,
     pub metrics: Arc<Metrics>,
+    pub name: String,
 }
 
 impl Window for Polled {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn head(&self) -> Option<u64> {
         Some(self.resource.upgrade()?.head().seq)
     }
