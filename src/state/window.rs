@@ -9,12 +9,14 @@
 //! `Parents`) for a laggard, or for a Braid stream that cannot be collapsed
 //! the entries as received. Nothing per subscriber is held: a subscriber is
 //! a position ([`crate::serve::cursor::Cursor`] on its own task,
-//! [`crate::serve::direct`] when parked), and both read the window through
-//! the same two calls.
+//! [`crate::serve::direct`] when parked), and both read the same window
+//! object, one per resource (or relayed session) shared by its subscribers.
 //!
 //! [`Window::freeze`] fixes a view at the current head ([`Frozen`]), so
-//! that one sweep over parked subscribers, or one step of a cursor, reads a
-//! consistent head even while the feed publishes the next one.
+//! that one sweep over parked subscribers reads a consistent head even
+//! while the feed publishes the next one; [`Window::step_now`] is one
+//! cursor's step against the head of the moment, computed by the same
+//! function as the view's step, without building a view.
 //!
 //! The polled feed's window is [`Polled`] (the resource's head, and its
 //! steps in the shared, byte-bounded history); the Braid feed's is the
