@@ -340,6 +340,16 @@ impl Router {
         }
         let braid = BraidRequest::parse(req.headers())?;
         let method = req.method().clone();
+        if matches!(method, Method::GET | Method::HEAD) && proxy::needs_own_connection(&req) {
+            // A body on a GET: its answer may depend on it, so it is
+            // neither stored nor shared; it goes up on its own connection.
+            if braid.subscribe {
+                return Err(Refusal::BadRequest(
+                    "a subscription request must not carry a body".into(),
+                ));
+            }
+            return self.pass_through(req).await;
+        }
         match method {
             Method::GET | Method::HEAD if braid.peer_specific => self.pass_through(req).await,
             Method::GET if braid.subscribe => self.subscribe(req, braid).await,

@@ -207,20 +207,48 @@ impl Status {
     }
 }
 
-/// A path and query with the query's values hidden: they may carry a
-/// client's secrets (`?token=...`), which the page must not show.
+/// A path and query with the query's values and the path's parameters
+/// hidden: they may carry a client's secrets (`?token=...`,
+/// `;jsessionid=...`), which the page must not show.
 fn redact_query(path_and_query: &str) -> String {
-    let Some((path, query)) = path_and_query.split_once('?') else {
-        return path_and_query.to_string();
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path_and_query, None),
     };
-    let names: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) => format!("{name}=…"),
-            None => "…".to_string(),
-        })
-        .collect();
-    format!("{path}?{}", names.join("&"))
+    let mut out = String::with_capacity(path_and_query.len());
+    for (i, segment) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        match segment.split_once(';') {
+            Some((name, params)) => {
+                out.push_str(name);
+                for param in params.split(';') {
+                    out.push(';');
+                    match param.split_once('=') {
+                        Some((key, _)) => {
+                            out.push_str(key);
+                            out.push_str("=…");
+                        }
+                        None => out.push('…'),
+                    }
+                }
+            }
+            None => out.push_str(segment),
+        }
+    }
+    if let Some(query) = query {
+        let names: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) => format!("{name}=…"),
+                None => "…".to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&names.join("&"));
+    }
+    out
 }
 
 fn secs(d: Duration) -> f64 {
@@ -325,6 +353,10 @@ mod tests {
         assert_eq!(
             redact_query("/doc?token=secret&x=1&flag"),
             "/doc?token=…&x=…&…"
+        );
+        assert_eq!(
+            redact_query("/a;jsessionid=S3CR3T/b;v=1;x?q=2"),
+            "/a;jsessionid=…/b;v=…;…?q=…"
         );
     }
 }

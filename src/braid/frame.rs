@@ -1,15 +1,22 @@
 //! A framer for relaying a Braid upstream's 209 body: it finds where each
-//! update begins and ends, and reads only what the proxy needs to index
-//! it (status, `Version`, `Parents`), keeping the update's bytes as
-//! received. It is as lenient as braid-http's client (`parse_headers`,
-//! `parse_body` in braid-http-client.js): any number of CR/LF between
-//! updates, `HTTP/1.1 200 OK`, `HTTP 200` or `200 OK` status lines and
-//! `:status` headers, header lines it cannot read, `Content-Length` before
+//! update begins and ends, checks that it is well formed, and reads only
+//! what the proxy needs to index it (status, `Version`, `Parents`), keeping
+//! the update's bytes as received. It accepts the framings braid-http's
+//! client reads (`parse_headers`, `parse_body` in braid-http-client.js): any
+//! number of CR/LF between updates, `HTTP/1.1 200 OK`, `HTTP 200` or
+//! `200 OK` status lines and `:status` headers, `Content-Length` before
 //! `Patches: N` or `Content-Type: application/http-patches; count=N`, any
-//! range unit and any content. What it cannot frame is the caller's to pass
-//! through unframed.
+//! range unit. What is malformed (a header line without a colon, a value
+//! with control bytes, an unreadable `Version`, `Parents` or length, a
+//! text or byte range that is not `[a:b]` with a <= b) is an error: the
+//! caller ends that upstream subscription rather than relay it.
+//!
+//! Framing is linear in the bytes received: the framer remembers how far
+//! it has read the update at the front of its buffer (the block being read,
+//! where its current line starts), so that bytes that come one at a time
+//! are each looked at once. Every header block is bounded.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::decode::trim;
 use super::VersionList;
@@ -21,7 +28,7 @@ pub struct Framed {
     /// end of its body (the blank lines before it are not included).
     pub raw: Bytes,
     pub status: Option<u16>,
-    /// `None` when the update has no `Version` header or it cannot be read.
+    /// `None` when the update has no `Version` header.
     pub version: Option<VersionList>,
     pub parents: Option<VersionList>,
 }
@@ -43,21 +50,55 @@ pub enum FrameError {
     PatchWithoutLength,
     #[error("an update is larger than {0} bytes")]
     TooLarge(usize),
+    #[error("a header block is larger than {0} bytes")]
+    HeaderBlockTooLarge(usize),
+    #[error("malformed update: {0}")]
+    Malformed(String),
 }
 
-/// The framer; feed it bytes with [`Framer::push`], take pieces with [`Framer::next`].
+/// The framer; feed it bytes with [`Framer::push`], take pieces with [`Framer::next_piece`].
 #[derive(Debug)]
 pub struct Framer {
     buf: BytesMut,
     max_update: usize,
+    max_header_block: usize,
+    at: Progress,
+}
+
+/// How far the update at the front of the buffer has been read.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Where the header block being read starts (the update's, or a patch's).
+    block: usize,
+    /// Where the search for that block's end goes on.
+    scan: usize,
+    /// Where the line being searched starts.
+    line: usize,
+    /// The update's head, once its block is complete.
+    head: Option<Head>,
+    /// Patches not read yet, and where the next one (or the end) is.
+    patches_left: usize,
+    pos: usize,
+    /// Where the update ends, once known.
+    end: Option<usize>,
+}
+
+#[derive(Debug)]
+struct Head {
+    status: Option<u16>,
+    version: Option<VersionList>,
+    parents: Option<VersionList>,
 }
 
 impl Framer {
-    /// A framer that gives up on an update over `max_update` bytes.
-    pub fn new(max_update: usize) -> Framer {
+    /// A framer that gives up on an update over `max_update` bytes or a
+    /// header block over `max_header_block` bytes.
+    pub fn new(max_update: usize, max_header_block: usize) -> Framer {
         Framer {
             buf: BytesMut::new(),
             max_update,
+            max_header_block,
+            at: Progress::default(),
         }
     }
 
@@ -65,42 +106,147 @@ impl Framer {
         self.buf.extend_from_slice(chunk);
     }
 
-    /// Everything buffered and not framed, for passing through.
-    pub fn take_rest(&mut self) -> Bytes {
-        self.buf.split().freeze()
+    /// Bytes buffered and not framed yet.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 
     /// The next piece, `Ok(None)` when more bytes are needed.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, FrameError> {
-        let blank = if self.buf.starts_with(b"\r\n") {
-            2
-        } else if self.buf.starts_with(b"\n") {
-            1
-        } else {
-            0
-        };
-        if blank > 0 {
-            return Ok(Some(Piece::Blank(self.buf.split_to(blank).freeze())));
-        }
-        if self.buf.is_empty() || self.buf.as_ref() == b"\r" {
-            return Ok(None);
-        }
-        match frame(&self.buf)? {
-            Some((mut framed, used)) => {
-                framed.raw = self.buf.split_to(used).freeze();
-                Ok(Some(Piece::Update(framed)))
+        if self.at.scan == 0 {
+            let blank = if self.buf.starts_with(b"\r\n") {
+                2
+            } else if self.buf.starts_with(b"\n") {
+                1
+            } else {
+                0
+            };
+            if blank > 0 {
+                self.buf.advance(blank);
+                let line: &'static [u8] = if blank == 2 { b"\r\n" } else { b"\n" };
+                return Ok(Some(Piece::Blank(Bytes::from_static(line))));
             }
-            None if self.buf.len() > self.max_update => Err(FrameError::TooLarge(self.max_update)),
-            None => Ok(None),
+            if self.buf.is_empty() || self.buf.as_ref() == b"\r" {
+                return Ok(None);
+            }
         }
+        loop {
+            if let Some(end) = self.at.end {
+                if end > self.max_update {
+                    return Err(FrameError::TooLarge(self.max_update));
+                }
+                if self.buf.len() < end {
+                    return Ok(None);
+                }
+                let head = self.at.head.take().unwrap_or(Head {
+                    status: None,
+                    version: None,
+                    parents: None,
+                });
+                self.at = Progress::default();
+                // Copied out, not split off: a window entry must hold its
+                // own bytes, not the read buffer they came in (which may
+                // be much larger, and would stay allocated as long as it).
+                let raw = Bytes::copy_from_slice(&self.buf[..end]);
+                self.buf.advance(end);
+                return Ok(Some(Piece::Update(Framed {
+                    raw,
+                    status: head.status,
+                    version: head.version,
+                    parents: head.parents,
+                })));
+            }
+            if self.at.head.is_some() {
+                // Between patches: skip the blank lines before the next one.
+                let at = &mut self.at;
+                while matches!(self.buf.get(at.pos), Some(b'\r' | b'\n')) {
+                    at.pos += 1;
+                }
+                if at.pos >= self.buf.len() {
+                    return Ok(None);
+                }
+                if at.block < at.pos {
+                    (at.block, at.scan, at.line) = (at.pos, at.pos, at.pos);
+                }
+            }
+            let Some(block_end) = self.block_end()? else {
+                return Ok(None);
+            };
+            let block = read_block(&self.buf[self.at.block..block_end], self.at.head.is_none())?;
+            let at = &mut self.at;
+            match at.head {
+                None => {
+                    let head = Head {
+                        status: block.status,
+                        version: block.versions("version", "Version")?,
+                        parents: block.versions("parents", "Parents")?,
+                    };
+                    at.head = Some(head);
+                    if let Some(len) = block.length("content-length")? {
+                        if let Some(range) = block.get("content-range") {
+                            check_range(range)?;
+                        }
+                        at.end = Some(block_end.saturating_add(len));
+                    } else if let Some(count) = declared_patches(&block)? {
+                        at.patches_left = count;
+                        at.pos = block_end;
+                        if count == 0 {
+                            at.end = Some(block_end);
+                        }
+                    } else {
+                        return Err(FrameError::NoLength);
+                    }
+                }
+                Some(_) => {
+                    let len = block
+                        .length("content-length")?
+                        .ok_or(FrameError::PatchWithoutLength)?;
+                    let range = block.get("content-range").ok_or_else(|| {
+                        FrameError::Malformed("a patch has no Content-Range".into())
+                    })?;
+                    check_range(range)?;
+                    at.pos = block_end.saturating_add(len);
+                    at.patches_left -= 1;
+                    if at.patches_left == 0 {
+                        at.end = Some(at.pos);
+                    } else if at.pos > self.max_update {
+                        return Err(FrameError::TooLarge(self.max_update));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The end of the header block being read (after its blank line), or
+    /// `None` until it has come; resumes where the last call stopped.
+    fn block_end(&mut self) -> Result<Option<usize>, FrameError> {
+        let at = &mut self.at;
+        let buf = &self.buf[..];
+        while let Some(i) = buf[at.scan..].iter().position(|&b| b == b'\n') {
+            let nl = at.scan + i;
+            let line = &buf[at.line..nl];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            at.scan = nl + 1;
+            if at.scan - at.block > self.max_header_block {
+                return Err(FrameError::HeaderBlockTooLarge(self.max_header_block));
+            }
+            if line.is_empty() {
+                return Ok(Some(at.scan));
+            }
+            at.line = at.scan;
+        }
+        at.scan = buf.len();
+        if at.scan - at.block > self.max_header_block {
+            return Err(FrameError::HeaderBlockTooLarge(self.max_header_block));
+        }
+        Ok(None)
     }
 }
 
-/// The headers of one block, lower-cased names, and the bytes it took.
+/// The headers of one block, lower-cased names.
 struct Block {
     status: Option<u16>,
     headers: Vec<(String, Bytes)>,
-    used: usize,
 }
 
 impl Block {
@@ -112,121 +258,151 @@ impl Block {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_ref())
     }
+
+    /// A version list header, `None` when absent; unreadable is malformed.
+    fn versions(&self, name: &str, shown: &'static str) -> Result<Option<VersionList>, FrameError> {
+        self.get(name)
+            .map(|v| {
+                VersionList::parse_named(v, shown)
+                    .map_err(|e| FrameError::Malformed(format!("{shown}: {}", e.reason)))
+            })
+            .transpose()
+    }
+
+    /// A length header: decimal digits only.
+    fn length(&self, name: &str) -> Result<Option<usize>, FrameError> {
+        self.get(name).map(|v| decimal(v, name)).transpose()
+    }
 }
 
-/// Reads one header block at the start of `buf`, or `None` if incomplete.
-fn block(buf: &[u8]) -> Option<Block> {
-    let mut pos = 0;
+fn decimal(v: &[u8], name: &str) -> Result<usize, FrameError> {
+    let ok = !v.is_empty() && v.len() <= 19 && v.iter().all(u8::is_ascii_digit);
+    ok.then(|| std::str::from_utf8(v).ok()?.parse().ok())
+        .flatten()
+        .ok_or_else(|| {
+            FrameError::Malformed(format!(
+                "{name} {:?} is not a length",
+                String::from_utf8_lossy(&v[..v.len().min(40)])
+            ))
+        })
+}
+
+/// Reads one complete header block (ending with its blank line).
+fn read_block(bytes: &[u8], update: bool) -> Result<Block, FrameError> {
     let mut status = None;
     let mut headers = Vec::new();
     let mut first = true;
-    loop {
-        let nl = buf[pos..].iter().position(|&b| b == b'\n')?;
-        let line = &buf[pos..pos + nl];
+    for line in bytes.split(|&b| b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        pos += nl + 1;
         if line.is_empty() {
-            return Some(Block {
-                status,
-                headers,
-                used: pos,
-            });
+            break;
         }
-        if std::mem::take(&mut first) {
-            if let Some(code) = status_line(line) {
+        if std::mem::take(&mut first) && update {
+            if let Some(code) = status_line(line)? {
                 status = Some(code);
                 continue;
             }
         }
         // `name: value`; a pseudo-header keeps its leading colon.
         let from = usize::from(line.first() == Some(&b':'));
-        let Some(colon) = line[from..].iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let name = String::from_utf8_lossy(&line[..from + colon]).to_ascii_lowercase();
-        let value = trim(&line[from + colon + 1..]);
+        let colon = line[from..]
+            .iter()
+            .position(|&b| b == b':')
+            .map(|c| from + c)
+            .filter(|&c| c > from && line[from..c].iter().all(|&b| is_token(b)))
+            .ok_or_else(|| {
+                FrameError::Malformed(format!(
+                    "a header line that is not `name: value`: {:?}",
+                    String::from_utf8_lossy(&line[..line.len().min(40)])
+                ))
+            })?;
+        let name = String::from_utf8_lossy(&line[..colon]).to_ascii_lowercase();
+        let value = trim(&line[colon + 1..]);
+        if !value
+            .iter()
+            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+        {
+            return Err(FrameError::Malformed(format!(
+                "the {name} header has control bytes"
+            )));
+        }
         if name == ":status" {
-            status = leading_number(value).and_then(|n| u16::try_from(n).ok());
+            status = Some(status_code(value)?);
         }
         headers.push((name, Bytes::copy_from_slice(value)));
     }
+    Ok(Block { status, headers })
 }
 
-/// The code of `HTTP/1.1 200 OK`, `HTTP 200 OK` or `200 OK`.
-fn status_line(line: &[u8]) -> Option<u16> {
-    let text = std::str::from_utf8(line).ok()?;
-    let rest = match text.strip_prefix("HTTP") {
-        Some(rest) => rest.split_once(' ')?.1,
-        None => text,
+fn is_token(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// The code of `HTTP/1.1 200 OK`, `HTTP 200 OK` or `200 OK`; `None` for a
+/// line that is not a status line; malformed when it starts like one but
+/// has no three-digit code.
+fn status_line(line: &[u8]) -> Result<Option<u16>, FrameError> {
+    let rest = match line.strip_prefix(b"HTTP") {
+        Some(rest) => match rest.iter().position(|&b| b == b' ') {
+            Some(sp) => &rest[sp + 1..],
+            None => return Err(FrameError::Malformed("a status line without a code".into())),
+        },
+        None if line.first().is_some_and(u8::is_ascii_digit) => line,
+        None => return Ok(None),
     };
-    let code = rest.get(..3)?;
-    (code.bytes().all(|b| b.is_ascii_digit())
-        && matches!(rest.as_bytes().get(3), None | Some(b' ')))
-    .then(|| code.parse().ok())
-    .flatten()
+    status_code(&rest[..rest.len().min(3)])
+        .ok()
+        .filter(|_| matches!(rest.get(3), None | Some(b' ')))
+        .map(Some)
+        .ok_or_else(|| FrameError::Malformed("a status line without a three-digit code".into()))
 }
 
-/// The leading digits of a value, as JavaScript's `parseInt` reads them.
-fn leading_number(v: &[u8]) -> Option<usize> {
-    let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&v[..digits]).ok()?.parse().ok()
+fn status_code(v: &[u8]) -> Result<u16, FrameError> {
+    let code = (v.len() == 3 && v.iter().all(u8::is_ascii_digit))
+        .then(|| std::str::from_utf8(v).ok()?.parse::<u16>().ok())
+        .flatten()
+        .filter(|c| (100..=599).contains(c));
+    code.ok_or_else(|| FrameError::Malformed("a status that is not a three-digit code".into()))
+}
+
+/// A patch range: `<unit> <range>`; text and byte ranges must read
+/// `[a:b]` with a <= b (other units' ranges are their own).
+fn check_range(v: &[u8]) -> Result<(), FrameError> {
+    let bad = || {
+        FrameError::Malformed(format!(
+            "Content-Range {:?}",
+            String::from_utf8_lossy(&v[..v.len().min(40)])
+        ))
+    };
+    let text = std::str::from_utf8(v).map_err(|_| bad())?;
+    let (unit, range) = text.trim().split_once(' ').ok_or_else(bad)?;
+    if unit.is_empty() || !unit.bytes().all(is_token) {
+        return Err(bad());
+    }
+    if matches!(unit, "text" | "bytes") {
+        super::span_of(range).ok_or_else(bad)?;
+    }
+    Ok(())
 }
 
 /// How many patches an update declares: `Patches: N`, or
 /// `Content-Type: application/http-patches; count=N`.
-fn declared_patches(b: &Block) -> Option<usize> {
+fn declared_patches(b: &Block) -> Result<Option<usize>, FrameError> {
     if let Some(v) = b.get("patches") {
-        return leading_number(v);
+        return decimal(v, "Patches").map(Some);
     }
-    let ct = String::from_utf8_lossy(b.get("content-type")?).to_ascii_lowercase();
-    let (_, params) = ct.split_once("/http-patches")?;
-    let (_, count) = params.split_once("count")?;
-    leading_number(trim(count.trim_start().strip_prefix('=')?.as_bytes()))
-}
-
-/// One update at the start of `buf` and the bytes it takes, or `None` if incomplete.
-fn frame(buf: &[u8]) -> Result<Option<(Framed, usize)>, FrameError> {
-    let Some(head) = block(buf) else {
+    let Some(ct) = b.get("content-type") else {
         return Ok(None);
     };
-    let list = |name: &str| {
-        head.get(name)
-            .and_then(|v| VersionList::parse_named(v, "Version").ok())
-    };
-    let mut framed = Framed {
-        raw: Bytes::new(),
-        status: head.status,
-        version: list("version"),
-        parents: list("parents"),
-    };
-    let mut pos = head.used;
-    if let Some(len) = head.get("content-length").and_then(leading_number) {
-        pos = pos.saturating_add(len);
-    } else if let Some(count) = declared_patches(&head) {
-        for _ in 0..count {
-            while matches!(buf.get(pos), Some(b'\r' | b'\n')) {
-                pos += 1;
-            }
-            let Some(patch) = block(&buf[pos.min(buf.len())..]) else {
-                return Ok(None);
-            };
-            let len = patch
-                .get("content-length")
-                .and_then(leading_number)
-                .ok_or(FrameError::PatchWithoutLength)?;
-            pos = pos.saturating_add(patch.used).saturating_add(len);
-            if pos > buf.len() {
-                return Ok(None);
-            }
-        }
-    } else {
-        return Err(FrameError::NoLength);
-    }
-    if pos > buf.len() {
+    let ct = String::from_utf8_lossy(ct).to_ascii_lowercase();
+    let Some((_, params)) = ct.split_once("/http-patches") else {
         return Ok(None);
-    }
-    framed.raw = Bytes::copy_from_slice(&buf[..pos]);
-    Ok(Some((framed, pos)))
+    };
+    let count = params
+        .split_once("count")
+        .and_then(|(_, c)| c.trim_start().strip_prefix('='))
+        .ok_or_else(|| FrameError::Malformed("http-patches without a count".into()))?;
+    decimal(trim(count.as_bytes()), "count").map(Some)
 }
 
 #[cfg(test)]
@@ -234,7 +410,7 @@ mod tests {
     use super::*;
 
     fn all(input: &[u8], step: usize) -> Vec<Piece> {
-        let mut f = Framer::new(1 << 20);
+        let mut f = Framer::new(1 << 20, 64 * 1024);
         let mut out = Vec::new();
         for chunk in input.chunks(step) {
             f.push(chunk);
@@ -242,7 +418,7 @@ mod tests {
                 out.push(p);
             }
         }
-        assert_eq!(f.take_rest().len(), 0);
+        assert_eq!(f.buffered(), 0);
         out
     }
 
@@ -284,9 +460,78 @@ Content-Length: 1\nContent-Range: json .a\n\nx\n\nContent-Length: 2\nContent-Ran
 
     #[test]
     fn what_has_no_length_is_not_framed() {
-        let mut f = Framer::new(1024);
+        let mut f = Framer::new(1024, 1024);
         f.push(b"Version: \"a\"\r\n\r\nrest");
         assert_eq!(f.next_piece(), Err(FrameError::NoLength));
-        assert_eq!(&f.take_rest()[..], b"Version: \"a\"\r\n\r\nrest");
+    }
+
+    fn first_error(input: &[u8]) -> FrameError {
+        let mut f = Framer::new(1 << 16, 1024);
+        f.push(input);
+        loop {
+            match f.next_piece() {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!(
+                    "{:?} framed without an error",
+                    String::from_utf8_lossy(input)
+                ),
+                Err(e) => return e,
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_updates_are_errors_not_pieces() {
+        for input in [
+            &b"Version: not-json\r\nContent-Length: 1\r\n\r\nx"[..],
+            b"Version: \"a\"\r\nParents: [\r\nContent-Length: 1\r\n\r\nx",
+            b"Version: \"a\"\r\nContent-Length: -5\r\n\r\nx",
+            b"Version: \"a\"\r\nContent-Length: 5x\r\n\r\nxxxxx",
+            b"Version: \"a\"\r\nContent-Range: text [5:2]\r\nContent-Length: 1\r\n\r\nx",
+            b"Version: \"a\"\r\nPatches: 1\r\n\r\nContent-Length: 1\r\nContent-Range: bytes [x:1]\r\n\r\nx",
+            b"Version: \"a\"\r\nPatches: 1\r\n\r\nContent-Length: 1\r\n\r\nx",
+            b"Version: \"a\"\r\nPatches: two\r\n\r\n",
+            b"\x00\x01\xff garbage\r\n\r\n",
+            b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
+            b"Version: \"a\"\r\nX-Bad: a\x01b\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            let e = first_error(input);
+            assert!(
+                matches!(e, FrameError::Malformed(_)),
+                "{:?}: {e}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn an_endless_header_block_is_bounded_and_read_once() {
+        let mut f = Framer::new(1 << 20, 4096);
+        f.push(b"Version: \"a\"\r\n");
+        let mut error = None;
+        for _ in 0..10_000 {
+            f.push(b"X-Long: aaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+            match f.next_piece() {
+                Ok(None) => {}
+                Ok(Some(p)) => panic!("framed {p:?}"),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        assert_eq!(error, Some(FrameError::HeaderBlockTooLarge(4096)));
+        // Resumed, not restarted: one byte at a time frames as a whole does.
+        let update = b"Version: \"b\"\r\nPatches: 2\r\n\r\nContent-Length: 1\r\nContent-Range: text [0:0]\r\n\r\nx\r\nContent-Length: 2\r\nContent-Range: text [1:1]\r\n\r\nyz\r\n";
+        let mut f = Framer::new(1 << 20, 4096);
+        let mut pieces = Vec::new();
+        for b in update {
+            f.push(&[*b]);
+            while let Some(p) = f.next_piece().expect("frames") {
+                pieces.push(p);
+            }
+        }
+        assert!(matches!(&pieces[0], Piece::Update(u) if u.raw.ends_with(b"yz")));
+        assert_eq!(pieces.len(), 2, "the update and its blank line: {pieces:?}");
     }
 }

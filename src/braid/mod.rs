@@ -74,11 +74,16 @@ impl Patch {
 
     /// The `(start, end)` of a `[a:b]` range.
     pub fn span(&self) -> Option<(usize, usize)> {
-        let inner = self.range.trim().strip_prefix('[')?.strip_suffix(']')?;
-        let (a, b) = inner.split_once(':')?;
-        let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-        (a <= b).then_some((a, b))
+        span_of(&self.range)
     }
+}
+
+/// The `(start, end)` of a `[a:b]` range with `a <= b`.
+pub fn span_of(range: &str) -> Option<(usize, usize)> {
+    let inner = range.trim().strip_prefix('[')?.strip_suffix(']')?;
+    let (a, b) = inner.split_once(':')?;
+    let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (a <= b).then_some((a, b))
 }
 
 /// The content of an update.

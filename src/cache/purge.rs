@@ -25,31 +25,41 @@ pub enum Selector<'a> {
     Tag(&'a str),
 }
 
-/// The tags a stored answer lists in `Surrogate-Key` and `Cache-Tag`,
-/// bounded in bytes and count.
+/// The tags a stored answer lists in `Surrogate-Key` (separated by any
+/// whitespace) and `Cache-Tag` (separated by commas), bounded in bytes and
+/// count. A tag that is not visible ASCII is skipped alone.
 pub fn tags(headers: &HeaderMap) -> Vec<&str> {
     let mut out = Vec::new();
     let mut bytes = 0;
     let lines = headers
         .get_all("surrogate-key")
         .iter()
-        .map(|v| (v, ' '))
-        .chain(headers.get_all("cache-tag").iter().map(|v| (v, ',')));
-    for (value, separator) in lines {
-        let Ok(text) = value.to_str() else { continue };
-        bytes += text.len();
+        .map(|v| (v, true))
+        .chain(headers.get_all("cache-tag").iter().map(|v| (v, false)));
+    for (value, by_space) in lines {
+        let value = value.as_bytes();
+        bytes += value.len();
         if bytes > MAX_TAG_BYTES {
             break;
         }
-        for tag in text
-            .split(separator)
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-        {
+        let split = |b: &u8| {
+            if by_space {
+                b.is_ascii_whitespace()
+            } else {
+                *b == b','
+            }
+        };
+        for tag in value.split(split).map(<[u8]>::trim_ascii) {
+            if tag.is_empty() || !tag.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
+                continue;
+            }
             if out.len() == MAX_TAGS {
                 return out;
             }
-            out.push(tag);
+            // Visible ASCII is UTF-8.
+            if let Ok(tag) = std::str::from_utf8(tag) {
+                out.push(tag);
+            }
         }
     }
     out
@@ -59,7 +69,13 @@ pub fn tags(headers: &HeaderMap) -> Vec<&str> {
 /// were purged.
 pub fn purge(registry: &Registry, selector: Selector<'_>) -> usize {
     let chosen: Vec<Arc<Resource>> = match selector {
-        Selector::Path(path) => registry.variants(path),
+        // `/a` and `/a?` are one URL to a client, two keys here.
+        Selector::Path(path) => {
+            let bare = path.strip_suffix('?').unwrap_or(path);
+            let mut all = registry.variants(bare);
+            all.extend(registry.variants(&format!("{bare}?")));
+            all
+        }
         Selector::Tag(tag) => registry
             .all()
             .into_iter()
@@ -90,7 +106,15 @@ mod tests {
         h.append("surrogate-key", HeaderValue::from_static("  a  b "));
         h.append("surrogate-key", HeaderValue::from_static("c"));
         h.append("cache-tag", HeaderValue::from_static("d, e f,,g"));
-        assert_eq!(tags(&h), vec!["a", "b", "c", "d", "e f", "g"]);
+        h.append("surrogate-key", HeaderValue::from_static("h\ti"));
+        h.append(
+            "surrogate-key",
+            HeaderValue::from_bytes(b"j caf\xc3\xa9 k").expect("obs-text is a value"),
+        );
+        assert_eq!(
+            tags(&h),
+            vec!["a", "b", "c", "h", "i", "j", "k", "d", "e f", "g"]
+        );
         let many = (0..2000)
             .map(|i| i.to_string())
             .collect::<Vec<_>>()

@@ -48,7 +48,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::{watch, Notify};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::braid::{self, Framer, Patch, Piece, VersionList};
 use crate::cache::{self, Timing, Vary};
@@ -199,6 +199,17 @@ enum Applied {
 }
 
 impl Model {
+    /// Bytes it holds: the representation's body and headers.
+    fn weight(&self) -> usize {
+        self.known.as_ref().map_or(0, |k| {
+            k.body.len()
+                + k.headers
+                    .iter()
+                    .map(|(n, v)| n.as_str().len() + v.len() + 32)
+                    .sum::<usize>()
+        })
+    }
+
     /// Applies one update received; what it did, or `None` when the
     /// update cannot be applied (the model is unknown from then on, until
     /// a snapshot).
@@ -288,8 +299,12 @@ struct Received {
     bytes: usize,
     /// Entries that are updates (not blank lines).
     updates: usize,
-    /// Set once a part of the stream could not be framed: nobody joins any more.
-    opaque: bool,
+    /// Set once the stream did not frame: nobody joins any more, and the
+    /// session is ending.
+    malformed: bool,
+    /// What the session's model holds ([`Model::weight`]), counted with
+    /// the window's bytes.
+    model: usize,
     /// Blank lines framed since the newest update.
     blanks_since_update: usize,
     /// How many blank lines the upstream writes after an update, as it did
@@ -348,6 +363,11 @@ const PLAIN_LINGER: Duration = Duration::from_secs(2);
 /// writes after it, when they did not come in the same read.
 const BLANK_LINES_WAIT: Duration = Duration::from_millis(20);
 
+/// The largest header block of an update (or of one of its patches) read
+/// from an upstream; an update may be this much larger than
+/// `--max-body-bytes`.
+pub const UPDATE_HEADER_ROOM: usize = 64 * 1024;
+
 /// What a blank entry costs in the window's byte count, beyond its bytes.
 const BLANK_OVERHEAD: usize = 64;
 
@@ -373,6 +393,8 @@ struct Tick {
 enum Over {
     Ended,
     Broken(String),
+    /// The upstream sent what does not frame as an update.
+    Malformed(String),
     Silent(Duration),
     NoSubscribers,
     Closing,
@@ -788,11 +810,19 @@ impl Relays {
                 None => break over,
             }
         };
-        debug!(
-            session = session.path,
-            why = over.describe(),
-            "upstream subscription over"
-        );
+        if let Over::Malformed(_) = over {
+            warn!(
+                session = session.path,
+                why = over.describe(),
+                "upstream subscription over: nothing after its last good update is relayed"
+            );
+        } else {
+            debug!(
+                session = session.path,
+                why = over.describe(),
+                "upstream subscription over"
+            );
+        }
         self.metrics.upstream_subscriptions.fetch_sub(1, Relaxed);
         {
             let _sessions = lock(&self.sessions);
@@ -813,7 +843,10 @@ impl Relays {
         mut body: Incoming,
         silence: Option<Duration>,
     ) -> Over {
-        let mut framer = Framer::new(self.config.max_body_bytes + 64 * 1024);
+        let mut framer = Framer::new(
+            self.config.max_body_bytes + UPDATE_HEADER_ROOM,
+            UPDATE_HEADER_ROOM,
+        );
         let mut closing = self.closing.clone();
         let mut heard = tokio::time::Instant::now();
         loop {
@@ -875,15 +908,21 @@ impl Relays {
         body: &mut Incoming,
     ) -> Option<Over> {
         if let Ok(data) = frame.into_data() {
-            self.absorb(session, framer, &data);
+            if let Some(over) = self.absorb(session, framer, &data) {
+                return Some(over);
+            }
         }
         for _ in 0..64 {
             match futures_util::FutureExt::now_or_never(body.frame())? {
                 None => return Some(Over::Ended),
                 Some(Err(e)) => return Some(Over::Broken(e.to_string())),
                 Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.absorb(session, framer, &data);
+                    if let Some(over) = frame
+                        .into_data()
+                        .ok()
+                        .and_then(|data| self.absorb(session, framer, &data))
+                    {
+                        return Some(over);
                     }
                 }
             }
@@ -897,7 +936,7 @@ impl Relays {
         let announced = session.tick.borrow().end;
         let window = lock(&session.window);
         window.lacks_blank_lines()
-            && !window.opaque
+            && !window.malformed
             && window.entries.back().is_some_and(|e| !e.blank)
             && window.first + window.entries.len() as u64 > announced
     }
@@ -922,7 +961,7 @@ impl Relays {
         let (uri, mut headers) = lock(&session.request).clone()?;
         let parents = {
             let window = lock(&session.window);
-            if window.opaque {
+            if window.malformed {
                 return None;
             }
             window
@@ -965,80 +1004,70 @@ impl Relays {
         None
     }
 
-    /// Frames new bytes into the window; what cannot be framed is kept unframed.
-    fn absorb(&self, session: &Session, framer: &mut Framer, data: &[u8]) {
+    /// Frames new bytes into the window. What does not frame (malformed,
+    /// or over a limit) goes no further: it ends the upstream
+    /// subscription (`Some`), and subscribers resume from the last good
+    /// update on their next request.
+    fn absorb(&self, session: &Session, framer: &mut Framer, data: &[u8]) -> Option<Over> {
         let mut window = lock(&session.window);
-        if window.opaque {
-            window.push(
-                Entry {
-                    raw: Bytes::copy_from_slice(data),
-                    version: None,
-                    blank: false,
-                    applied: None,
-                },
-                &self.config,
-                &self.window_bytes,
-            );
-        } else {
-            framer.push(data);
-            // Blank lines that come in the same read as the update before
-            // them stay with it (an update subscribers have not heard of
-            // yet), so that what the upstream wrote together goes out
-            // together: a client may take an update as complete before
-            // blank lines sent apart arrive.
-            let announced = session.tick.borrow().end;
-            let mut after_update = window.entries.back().is_some_and(|e| !e.blank)
-                && window.first + window.entries.len() as u64 > announced;
-            loop {
-                let entry = match framer.next_piece() {
-                    Ok(None) => break,
-                    Ok(Some(Piece::Blank(raw))) if after_update => {
-                        window.framed(false);
-                        window.extend_last(&raw, &self.window_bytes);
-                        continue;
+        if window.malformed {
+            return Some(Over::Malformed("the stream stopped framing".into()));
+        }
+        framer.push(data);
+        // Blank lines that come in the same read as the update before
+        // them stay with it (an update subscribers have not heard of
+        // yet), so that what the upstream wrote together goes out
+        // together: a client may take an update as complete before
+        // blank lines sent apart arrive.
+        let announced = session.tick.borrow().end;
+        let mut after_update = window.entries.back().is_some_and(|e| !e.blank)
+            && window.first + window.entries.len() as u64 > announced;
+        loop {
+            let entry = match framer.next_piece() {
+                Ok(None) => return None,
+                Ok(Some(Piece::Blank(raw))) if after_update => {
+                    window.framed(false);
+                    window.extend_last(&raw, &self.window_bytes);
+                    continue;
+                }
+                Ok(Some(Piece::Blank(raw))) => {
+                    window.framed(false);
+                    Entry {
+                        raw,
+                        version: None,
+                        blank: true,
+                        applied: None,
                     }
-                    Ok(Some(Piece::Blank(raw))) => {
-                        window.framed(false);
-                        Entry {
-                            raw,
-                            version: None,
-                            blank: true,
-                            applied: None,
-                        }
-                    }
-                    Ok(Some(Piece::Update(update))) => {
-                        window.framed(true);
-                        window.last_update = Some(Instant::now());
-                        Metrics::inc(&self.metrics.upstream_updates_total);
-                        let applied = lock(&session.model)
+                }
+                Ok(Some(Piece::Update(update))) => {
+                    window.framed(true);
+                    window.last_update = Some(Instant::now());
+                    Metrics::inc(&self.metrics.upstream_updates_total);
+                    let applied = {
+                        let mut model = lock(&session.model);
+                        let applied = model
                             .understand(&update.raw, self.config.max_body_bytes)
                             .map(Arc::new);
-                        *lock(&session.written) = None;
-                        Entry {
-                            raw: update.raw,
-                            version: update.version,
-                            blank: false,
-                            applied,
-                        }
+                        window.count_model(model.weight(), &self.window_bytes);
+                        applied
+                    };
+                    *lock(&session.written) = None;
+                    Entry {
+                        raw: update.raw,
+                        version: update.version,
+                        blank: false,
+                        applied,
                     }
-                    Err(e) => {
-                        debug!(session = session.path, error = %e, "passing the rest through unframed");
-                        window.opaque = true;
-                        lock(&session.model).known = None;
-                        Entry {
-                            raw: framer.take_rest(),
-                            version: None,
-                            blank: false,
-                            applied: None,
-                        }
-                    }
-                };
-                after_update = !entry.blank && !window.opaque;
-                window.push(entry, &self.config, &self.window_bytes);
-                if window.opaque {
-                    break;
                 }
-            }
+                Err(e) => {
+                    window.malformed = true;
+                    lock(&session.model).known = None;
+                    window.count_model(0, &self.window_bytes);
+                    return Some(Over::Malformed(e.to_string()));
+                }
+            };
+            after_update = !entry.blank;
+            window.push(entry, &self.config, &self.window_bytes);
         }
     }
 
@@ -1131,6 +1160,7 @@ impl Over {
         match self {
             Over::Ended => "ended by the upstream".to_string(),
             Over::Broken(e) => format!("broken: {e}"),
+            Over::Malformed(e) => format!("ended on a malformed update: {e}"),
             Over::Silent(d) => format!("no byte for {d:?} (heartbeats stopped)"),
             Over::NoSubscribers => "its last subscriber left".to_string(),
             Over::Closing => "the proxy shuts down".to_string(),
@@ -1187,7 +1217,7 @@ impl Session {
     fn collapse(&self, from: u64, end: u64) -> Option<Bytes> {
         let window = lock(&self.window);
         let model = lock(&self.model);
-        if !model.linear || window.opaque {
+        if !model.linear || window.malformed {
             return None;
         }
         let fell_out = from < window.first;
@@ -1275,7 +1305,7 @@ impl Session {
     /// Where a request would start in this session's window, if it can join.
     fn start_for(&self, braid: &BraidRequest) -> Option<u64> {
         let window = lock(&self.window);
-        if window.opaque {
+        if window.malformed {
             return None;
         }
         let parents = braid.parents.clone().filter(|p| !p.is_empty());
@@ -1335,6 +1365,13 @@ impl Received {
     /// Gives the window's bytes back to the total (the session is over).
     fn release(&mut self, total: &AtomicUsize) {
         total.fetch_sub(std::mem::take(&mut self.bytes), Relaxed);
+        total.fetch_sub(std::mem::take(&mut self.model), Relaxed);
+    }
+
+    /// Counts what the session's model holds now (`now` bytes) with the window.
+    fn count_model(&mut self, now: usize, total: &AtomicUsize) {
+        total.fetch_add(now, Relaxed);
+        total.fetch_sub(std::mem::replace(&mut self.model, now), Relaxed);
     }
 }
 

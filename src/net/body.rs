@@ -125,6 +125,39 @@ where
         .boxed_unsync()
 }
 
+/// Records that a client's request body failed (cut short, bad chunk
+/// framing, a reset) while it was being forwarded, so that the failed
+/// upstream exchange is blamed on the client (400), never on the upstream.
+#[derive(Debug, Clone, Default)]
+pub struct ClientFault(Arc<std::sync::OnceLock<String>>);
+
+impl ClientFault {
+    /// What went wrong with the client's body, if anything did.
+    pub fn reason(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+}
+
+/// As [`stream`], for a client's request body: an error it yields is
+/// recorded in the returned [`ClientFault`] as well as passed on.
+pub fn client_stream<B>(body: B) -> (Body, ClientFault)
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let fault = ClientFault::default();
+    let record = fault.clone();
+    let body = body
+        .map_frame(|f| f.map_data(Chunk::plain))
+        .map_err(move |e| {
+            let e: BoxError = e.into();
+            let _ = record.0.set(crate::error::describe(&*e));
+            e
+        })
+        .boxed_unsync();
+    (body, fault)
+}
+
 /// A byte budget shared by the copies [`tee`] keeps of answers in flight,
 /// so that many large answers streaming at once cannot outgrow memory.
 #[derive(Debug)]

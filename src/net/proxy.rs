@@ -13,11 +13,12 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tracing::debug;
 
 use crate::config::{Config, Upstream};
 use crate::error::{describe, Refusal};
 use crate::metrics::Metrics;
-use crate::net::body::{self, Body};
+use crate::net::body::{self, Body, ClientFault};
 
 /// Facts about the connection a request arrived on, put in its extensions.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +37,9 @@ pub struct ConnInfo {
 #[derive(Clone)]
 pub struct UpstreamClient {
     pass: Client<HttpConnector, Body>,
+    /// Keeps no idle connection: for requests that carry a body on a
+    /// method whose body an origin may leave unread (see [`needs_own_connection`]).
+    once: Client<HttpConnector, Body>,
     watch: Client<HttpConnector, Body>,
     upstream: Arc<Upstream>,
     response_timeout: Duration,
@@ -112,10 +116,10 @@ impl UpstreamClient {
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         connector.enforce_http(true);
-        let pool = |h2c: bool| {
+        let pool = |h2c: bool, idle: usize| {
             Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
-                .pool_max_idle_per_host(64)
+                .pool_max_idle_per_host(idle)
                 .pool_timer(TokioTimer::new())
                 .timer(TokioTimer::new())
                 .http2_only(h2c)
@@ -125,8 +129,9 @@ impl UpstreamClient {
                 .build(connector.clone())
         };
         UpstreamClient {
-            pass: pool(false),
-            watch: pool(config.upstream_h2c),
+            pass: pool(false, 64),
+            once: pool(false, 0),
+            watch: pool(config.upstream_h2c, 64),
             upstream: Arc::new(upstream),
             response_timeout: config.response_timeout,
             metrics,
@@ -169,8 +174,15 @@ impl UpstreamClient {
     /// Sends a client's request whose URI was made by
     /// [`UpstreamClient::uri_for`], bounded by the response timeout (time to
     /// response headers).
+    /// A request marked by [`upstream_request`] as needing a connection of
+    /// its own goes on one that is closed after it.
     pub async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, Refusal> {
-        self.send_on(&self.pass, req).await
+        let pool = if req.extensions().get::<OwnConnection>().is_some() {
+            &self.once
+        } else {
+            &self.pass
+        };
+        self.send_on(pool, req).await
     }
 
     /// Sends a watcher's request (a poll or a subscription), like [`UpstreamClient::send`].
@@ -189,8 +201,17 @@ impl UpstreamClient {
             HeaderValue::from_str(self.upstream.authority.as_str())
                 .map_err(|_| Refusal::BadRequest("bad upstream authority".into()))?,
         );
+        let fault = req.extensions_mut().remove::<ClientFault>();
         let sent = std::time::Instant::now();
         let outcome = match tokio::time::timeout(self.response_timeout, client.request(req)).await {
+            // The client's own body failed: its error, not the upstream's.
+            Ok(Err(e)) if fault.as_ref().is_some_and(|f| f.reason().is_some()) => {
+                let why = fault.as_ref().and_then(|f| f.reason()).unwrap_or_default();
+                debug!(error = %describe(&e), "request body failed while forwarded");
+                return Err(Refusal::BadRequest(format!(
+                    "the request body could not be read: {why}"
+                )));
+            }
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) if e.is_connect() => {
                 Metrics::inc(&self.metrics.upstream_connect_errors_total);
@@ -491,6 +512,7 @@ where
     B::Error: Into<crate::net::body::BoxError>,
 {
     let host = request_host(&req);
+    let own_connection = needs_own_connection(&req);
     let (parts, incoming) = req.into_parts();
     let target = parts
         .uri
@@ -505,11 +527,41 @@ where
         host,
         config,
     );
-    let mut out = Request::new(body::stream(incoming));
+    let (forwarded, fault) = body::client_stream(incoming);
+    let mut out = Request::new(forwarded);
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;
     *out.headers_mut() = headers;
+    out.extensions_mut().insert(fault);
+    if own_connection {
+        out.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        out.extensions_mut().insert(OwnConnection);
+    }
     Ok(out)
+}
+
+/// Marks an upstream request that goes on a connection of its own.
+#[derive(Debug, Clone, Copy)]
+struct OwnConnection;
+
+/// Whether a request carries a body on a method whose body has no
+/// defined meaning (GET, HEAD, OPTIONS, DELETE, TRACE): an origin may
+/// answer without reading it and then read it as the next request on the
+/// same connection. Such a request is sent on a connection that is
+/// closed after it (SECURITY.md, "Request smuggling"), so no other
+/// client's request can follow it there.
+pub fn needs_own_connection<B: http_body::Body>(req: &Request<B>) -> bool {
+    body_is_meaningless(req.method()) && !req.body().is_end_stream()
+}
+
+/// The methods whose request content has no generally defined semantics
+/// (RFC 9110 §9.3).
+pub fn body_is_meaningless(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::DELETE | Method::TRACE
+    )
 }
 
 fn forwarded_for(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<String>) {

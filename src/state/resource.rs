@@ -41,6 +41,14 @@ pub enum State {
     Error { status: u16, reason: String },
 }
 
+/// What a header map holds: names, values, and a map entry's own cost.
+pub fn header_bytes(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 48)
+        .sum()
+}
+
 /// The origin's answer to a GET as a cache stores it (RFC 9111 §3): status,
 /// end-to-end headers, body and timing. Plain GETs are answered from it.
 #[derive(Debug, Clone)]
@@ -505,14 +513,23 @@ impl Resource {
     }
 
     /// Recounts this resource's bytes in the total: key, head body, the
-    /// head's frames (its update and, once built, its snapshot), and the
-    /// stored body when it is not the head's.
+    /// head's frames (its update and, once built, its snapshot), the
+    /// stored answer's headers, and its body when it is not the head's.
     pub(crate) fn reweigh(&self) {
         let head = self.head();
         let head_body = head.body();
         let stored_len = match lock(&self.stored).as_ref() {
-            Some(s) if s.body.as_ptr() != head_body.as_ptr() => s.body.len(),
-            _ => 0,
+            // Its headers are held twice once served: as stored, and as
+            // the prepared answer built from them.
+            Some(s) => {
+                let body = if s.body.as_ptr() != head_body.as_ptr() {
+                    s.body.len()
+                } else {
+                    0
+                };
+                body + 2 * header_bytes(&s.headers)
+            }
+            None => 0,
         };
         let frames =
             head.update.as_ref().map_or(0, Bytes::len) + head.snapshot.get().map_or(0, Bytes::len);
