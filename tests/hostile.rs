@@ -1,0 +1,438 @@
+//! Hostile input at every seam (issue 44): a hostile client and a hostile
+//! upstream, on real sockets. Nothing a client sends is read by an origin
+//! as another client's request, a client's broken body is the client's
+//! error, what an upstream sends is bounded and checked before it is
+//! relayed, and held bytes count against `--state-bytes`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use braid_proxy::config::Config;
+use common::wire::metric;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// An origin as careless as Python's `http.server` with a handler that
+/// never reads request bodies: it reads request heads only, answers each
+/// with the path it read (`path=/x`, `Cache-Control: max-age=600`), and
+/// keeps the connection open. Whatever body a request carried is read as
+/// the next request. Returns its address and the paths it was asked for.
+async fn careless_origin() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        let head = String::from_utf8_lossy(&head).into_owned();
+                        let path = head.split(' ').nth(1).unwrap_or("?").to_string();
+                        let close = head.to_ascii_lowercase().contains("connection: close");
+                        log.lock().expect("lock").push(path.clone());
+                        let body = format!("path={path}");
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ncache-control: max-age=600\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if stream.write_all(answer.as_bytes()).await.is_err() || close {
+                            return;
+                        }
+                    }
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+async fn proxy(origin: SocketAddr, tune: impl FnOnce(&mut Config)) -> (SocketAddr, SocketAddr) {
+    common::proxy_for(origin, tune).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_on_a_get_is_never_read_as_another_request() {
+    let (origin, seen) = careless_origin().await;
+    let (addr, _) = proxy(origin, |_| {}).await;
+    for method in ["GET", "HEAD", "OPTIONS", "DELETE"] {
+        let smuggled = format!("GET /smuggled-{method} HTTP/1.1\r\nHost: x\r\n\r\n");
+        let answer = common::exchange(
+            addr,
+            format!(
+                "{method} /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{smuggled}",
+                smuggled.len()
+            ),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{method}: {answer}");
+        // Other clients, on the proxy's pooled connections to the origin.
+        for n in 0..4 {
+            let victim = format!("/victim-{method}-{n}");
+            let response = common::get(addr, &victim, &[]).await;
+            let body = common::body_of(response).await;
+            assert_eq!(body, format!("path={victim}"), "after a {method} with a body");
+        }
+    }
+    let seen = seen.lock().expect("lock").clone();
+    assert!(
+        !seen.iter().any(|p| p.starts_with("/smuggled")),
+        "the origin read a client's body as a request: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_body_is_not_stored_and_a_subscription_with_one_is_refused() {
+    let (origin, seen) = careless_origin().await;
+    let (addr, _) = proxy(origin, |_| {}).await;
+    let ask = |body: &str| {
+        format!(
+            "GET /search HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    assert!(common::exchange(addr, ask("q=1")).await.starts_with("HTTP/1.1 200"));
+    assert!(common::exchange(addr, ask("q=2")).await.starts_with("HTTP/1.1 200"));
+    // A plain GET is not answered from what a GET with a body was given.
+    common::body_of(common::get(addr, "/search", &[]).await).await;
+    assert_eq!(seen.lock().expect("lock").len(), 3, "each went to the origin");
+    // That plain GET's answer is stored as usual.
+    common::body_of(common::get(addr, "/search", &[]).await).await;
+    assert_eq!(seen.lock().expect("lock").len(), 3, "a hit");
+    let refused = common::exchange(
+        addr,
+        "GET /search HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nConnection: close\r\nContent-Length: 3\r\n\r\nabc"
+            .to_string(),
+    )
+    .await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    assert!(refused.contains("must not carry a body"), "{refused}");
+}
+
+async fn readyz(admin: SocketAddr) -> u16 {
+    common::get(admin, "/readyz", &[]).await.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_broken_body_is_the_clients_error_and_readiness_stays() {
+    // An origin that reads request bodies (hyper's), answering after the whole body.
+    let origin = common::serve_async(|req: http::Request<hyper::body::Incoming>| async move {
+        use http_body_util::BodyExt;
+        let ok = req.into_body().collect().await.is_ok();
+        http::Response::new(http_body_util::Full::new(bytes::Bytes::from(if ok {
+            "read"
+        } else {
+            "broken"
+        })))
+    })
+    .await;
+    let (addr, admin) = proxy(origin, |_| {}).await;
+    assert_eq!(readyz(admin).await, 200);
+    // Three bytes of a promised 100,000, then gone.
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(stream);
+    }
+    // A chunk size that is not hex.
+    let answer = common::exchange(
+        addr,
+        "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\nzz\r\n"
+            .to_string(),
+    )
+    .await;
+    assert!(
+        answer.starts_with("HTTP/1.1 400"),
+        "a bad chunk size is the client's error: {answer}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..5 {
+        assert_eq!(readyz(admin).await, 200, "one client's body is not the upstream's health");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(metric(admin, "upstream_errors_total").await, 0.0);
+    // And the upstream still serves whole bodies.
+    let answer = common::exchange(
+        addr,
+        "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"
+            .to_string(),
+    )
+    .await;
+    assert!(answer.ends_with("read"), "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_header_bytes_count_against_the_state_cap() {
+    // Answers with 200 KB of headers each; 40 distinct URLs is 8 MB of headers.
+    let filler = "x".repeat(8 * 1024);
+    let origin = common::serve(move |req| {
+        let mut response = http::Response::builder()
+            .header("cache-control", "max-age=600")
+            .header("etag", format!("\"{}\"", req.uri().path().len()));
+        for i in 0..25 {
+            response = response.header(format!("x-filler-{i}"), filler.as_str());
+        }
+        response
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"small")))
+            .expect("response")
+    })
+    .await;
+    let cap = 2 * 1024 * 1024;
+    let (addr, admin) = proxy(origin, |c| {
+        c.state_bytes = cap;
+        c.max_header_bytes = 512 * 1024;
+    })
+    .await;
+    for n in 0..40 {
+        let response = common::get(addr, &format!("/h{n}"), &[]).await;
+        assert_eq!(response.status().as_u16(), 200);
+        common::body_of(response).await;
+    }
+    let held = metric(admin, "state_bytes").await;
+    assert!(
+        held >= 200_000.0,
+        "the headers of what is stored are counted: {held}"
+    );
+    assert!(
+        held <= cap as f64,
+        "idle answers are evicted to keep under the cap: {held} > {cap}"
+    );
+    assert!(metric(admin, "state_evictions_total").await > 0.0);
+}
+
+/// A Braid upstream written by hand: answers every request with a 209 head
+/// and then `stream` (raw bytes), and stays open. Returns its address and
+/// how many requests it was sent.
+async fn raw_braid_upstream(
+    stream: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static,
+) -> (SocketAddr, Arc<Mutex<usize>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let asked: Arc<Mutex<usize>> = Arc::default();
+    let count = asked.clone();
+    let stream = Arc::new(stream);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let stream = stream.clone();
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match socket.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                *count.lock().expect("lock") += 1;
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                let body = stream(&path);
+                // Not chunked: the body runs until the connection closes.
+                let answer = b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n";
+                if socket.write_all(answer).await.is_err() {
+                    return;
+                }
+                for piece in body.chunks(64 * 1024) {
+                    if socket.write_all(piece).await.is_err() {
+                        return;
+                    }
+                }
+                // Stay open until the proxy leaves.
+                let mut sink = [0u8; 1024];
+                while let Ok(n) = socket.read(&mut sink).await {
+                    if n == 0 {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, asked)
+}
+
+/// Opens a subscription; returns the stream after the response head, and the head.
+async fn subscribe_raw(addr: SocketAddr, path: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    // Closed once the response ends, so that its end can be read.
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let deadline = Instant::now() + WAIT;
+    while !head.ends_with(b"\r\n\r\n") {
+        assert!(Instant::now() < deadline, "no head in time");
+        let n = tokio::time::timeout(WAIT, stream.read(&mut byte))
+            .await
+            .expect("read in time")
+            .expect("read");
+        assert_eq!(n, 1, "closed before a head: {:?}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Everything a stream sends until it ends, bounded in time.
+async fn rest_of(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(WAIT, stream.read_to_end(&mut out)).await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_upstream_updates_end_the_subscription_and_are_not_relayed() {
+    let good = "Version: \"v1\"\r\nContent-Length: 4\r\n\r\ngood\r\n";
+    let bad = [
+        "Version: not-json\r\nContent-Length: 3\r\n\r\nBAD\r\n",
+        "Version: \"v2\"\r\nContent-Length: -5\r\n\r\nBAD\r\n",
+        "Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Range: text [5:2]\r\nContent-Length: 3\r\n\r\nBAD\r\n",
+        "\u{1}\u{2}BAD binary garbage\r\n\r\n",
+    ];
+    let (upstream, _) = raw_braid_upstream(move |path| {
+        let n: usize = path.trim_start_matches("/m").parse().unwrap_or(0);
+        format!("{good}{}", bad[n % bad.len()]).into_bytes()
+    })
+    .await;
+    let (addr, _) = proxy(upstream, |c| {
+        c.upstream_kind = braid_proxy::config::UpstreamKind::Braid;
+    })
+    .await;
+    for n in 0..bad.len() {
+        let path = format!("/m{n}");
+        let (mut first, head) = subscribe_raw(addr, &path).await;
+        assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+        let got = rest_of(&mut first).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.contains("good"), "the good update is relayed: {text}");
+        assert!(!text.contains("BAD"), "nothing malformed is relayed ({path}): {text}");
+        // One who comes later does not get it either.
+        let (mut later, _) = subscribe_raw(addr, &path).await;
+        let text = String::from_utf8_lossy(&rest_of(&mut later).await).into_owned();
+        assert!(!text.contains("BAD"), "nor to a later subscriber ({path}): {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_upstream_header_block_is_cut_off_at_its_limit() {
+    // One update whose header lines never end: 8 MB of them.
+    let (upstream, _) = raw_braid_upstream(|_| {
+        let mut body = b"Version: \"v1\"\r\n".to_vec();
+        while body.len() < 8 * 1024 * 1024 {
+            body.extend_from_slice(b"X-More: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        body
+    })
+    .await;
+    let (addr, _) = proxy(upstream, |c| {
+        c.upstream_kind = braid_proxy::config::UpstreamKind::Braid;
+    })
+    .await;
+    let (mut stream, head) = subscribe_raw(addr, "/endless").await;
+    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+    let started = Instant::now();
+    let got = rest_of(&mut stream).await;
+    assert!(
+        started.elapsed() < WAIT,
+        "the subscription ends at the header limit, not when the upstream stops"
+    );
+    assert!(
+        !String::from_utf8_lossy(&got).contains("X-More"),
+        "none of it is relayed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relayed_sessions_count_against_the_state_cap_and_new_ones_are_refused() {
+    // Each resource is one 1 MiB snapshot.
+    let (upstream, asked) = raw_braid_upstream(|_| {
+        let body = "y".repeat(1024 * 1024);
+        format!(
+            "Version: \"v1\"\r\nContent-Length: {}\r\n\r\n{body}\r\n",
+            body.len()
+        )
+        .into_bytes()
+    })
+    .await;
+    let cap = 8 * 1024 * 1024;
+    let (addr, admin) = proxy(upstream, |c| {
+        c.upstream_kind = braid_proxy::config::UpstreamKind::Braid;
+        c.state_bytes = cap;
+    })
+    .await;
+    // Subscribers that never read, each on its own resource.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for n in 0..40 {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let request = format!("GET /big{n} HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut head = [0u8; 12];
+        tokio::time::timeout(WAIT, stream.read_exact(&mut head))
+            .await
+            .expect("answered in time")
+            .expect("read");
+        let status = String::from_utf8_lossy(&head[9..12]).into_owned();
+        if status == "503" {
+            refused = Some(n);
+            break;
+        }
+        assert_eq!(status, "209");
+        held.push(stream);
+        // Its first update is in before the next one asks.
+        let deadline = Instant::now() + WAIT;
+        while metric(admin, "state_bytes").await < (n as f64 + 1.0) * 1024.0 * 1024.0 {
+            if metric(admin, "state_bytes").await > cap as f64 || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let refused = refused.expect("new relayed state is refused once the cap is reached");
+    assert!(refused <= 10, "refused only after {refused} sessions of 1 MiB under an 8 MiB cap");
+    assert!(*asked.lock().expect("lock") <= 10);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_purge_covers_the_empty_query_and_status_hides_path_parameters() {
+    let origin = common::origin::Origin::with_cache_control("max-age=600");
+    origin.set("/a", "one");
+    origin.set("/s;jsessionid=S3CR3T", "two");
+    let addr_origin = origin.start().await;
+    let (addr, admin) = proxy(addr_origin, |_| {}).await;
+    for path in ["/a", "/a?"] {
+        common::body_of(common::get(addr, path, &[]).await).await;
+    }
+    let _subscription = subscribe_raw(addr, "/s;jsessionid=S3CR3T").await;
+    let status = common::body_of(common::get(admin, "/status", &[]).await).await;
+    let status = String::from_utf8_lossy(&status).into_owned();
+    assert!(!status.contains("S3CR3T"), "path parameters are hidden: {status}");
+    assert!(status.contains("jsessionid"), "their names are shown: {status}");
+    let purged = common::body_of(common::request(admin, "POST", "/purge?path=/a", &[]).await).await;
+    assert!(
+        String::from_utf8_lossy(&purged).contains('2'),
+        "both /a and /a? are purged: {purged:?}"
+    );
+    for path in ["/a", "/a?"] {
+        let again = common::get(addr, path, &[]).await;
+        assert!(again.headers().get("age").is_none(), "{path} is not served from state");
+    }
+}
