@@ -84,7 +84,11 @@ async fn a_body_on_a_get_is_never_read_as_another_request() {
             let victim = format!("/victim-{method}-{n}");
             let response = common::get(addr, &victim, &[]).await;
             let body = common::body_of(response).await;
-            assert_eq!(body, format!("path={victim}"), "after a {method} with a body");
+            assert_eq!(
+                body,
+                format!("path={victim}"),
+                "after a {method} with a body"
+            );
         }
     }
     let seen = seen.lock().expect("lock").clone();
@@ -104,11 +108,19 @@ async fn a_get_with_a_body_is_not_stored_and_a_subscription_with_one_is_refused(
             body.len()
         )
     };
-    assert!(common::exchange(addr, ask("q=1")).await.starts_with("HTTP/1.1 200"));
-    assert!(common::exchange(addr, ask("q=2")).await.starts_with("HTTP/1.1 200"));
+    assert!(common::exchange(addr, ask("q=1"))
+        .await
+        .starts_with("HTTP/1.1 200"));
+    assert!(common::exchange(addr, ask("q=2"))
+        .await
+        .starts_with("HTTP/1.1 200"));
     // A plain GET is not answered from what a GET with a body was given.
     common::body_of(common::get(addr, "/search", &[]).await).await;
-    assert_eq!(seen.lock().expect("lock").len(), 3, "each went to the origin");
+    assert_eq!(
+        seen.lock().expect("lock").len(),
+        3,
+        "each went to the origin"
+    );
     // That plain GET's answer is stored as usual.
     common::body_of(common::get(addr, "/search", &[]).await).await;
     assert_eq!(seen.lock().expect("lock").len(), 3, "a hit");
@@ -164,7 +176,11 @@ async fn a_clients_broken_body_is_the_clients_error_and_readiness_stays() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..5 {
-        assert_eq!(readyz(admin).await, 200, "one client's body is not the upstream's health");
+        assert_eq!(
+            readyz(admin).await,
+            200,
+            "one client's body is not the upstream's health"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(metric(admin, "upstream_errors_total").await, 0.0);
@@ -190,7 +206,9 @@ async fn stored_header_bytes_count_against_the_state_cap() {
             response = response.header(format!("x-filler-{i}"), filler.as_str());
         }
         response
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"small")))
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                b"small",
+            )))
             .expect("response")
     })
     .await;
@@ -246,7 +264,8 @@ async fn raw_braid_upstream(
                 let path = head.split(' ').nth(1).unwrap_or("/").to_string();
                 let body = stream(&path);
                 // Not chunked: the body runs until the connection closes.
-                let answer = b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n";
+                let answer =
+                    b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n";
                 if socket.write_all(answer).await.is_err() {
                     return;
                 }
@@ -284,7 +303,12 @@ async fn subscribe_raw(addr: SocketAddr, path: &str) -> (TcpStream, String) {
             .await
             .expect("read in time")
             .expect("read");
-        assert_eq!(n, 1, "closed before a head: {:?}", String::from_utf8_lossy(&head));
+        assert_eq!(
+            n,
+            1,
+            "closed before a head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
         head.push(byte[0]);
     }
     (stream, String::from_utf8_lossy(&head).into_owned())
@@ -322,11 +346,17 @@ async fn malformed_upstream_updates_end_the_subscription_and_are_not_relayed() {
         let got = rest_of(&mut first).await;
         let text = String::from_utf8_lossy(&got);
         assert!(text.contains("good"), "the good update is relayed: {text}");
-        assert!(!text.contains("BAD"), "nothing malformed is relayed ({path}): {text}");
+        assert!(
+            !text.contains("BAD"),
+            "nothing malformed is relayed ({path}): {text}"
+        );
         // One who comes later does not get it either.
         let (mut later, _) = subscribe_raw(addr, &path).await;
         let text = String::from_utf8_lossy(&rest_of(&mut later).await).into_owned();
-        assert!(!text.contains("BAD"), "nor to a later subscriber ({path}): {text}");
+        assert!(
+            !text.contains("BAD"),
+            "nor to a later subscriber ({path}): {text}"
+        );
     }
 }
 
@@ -336,7 +366,9 @@ async fn an_endless_upstream_header_block_is_cut_off_at_its_limit() {
     let (upstream, _) = raw_braid_upstream(|_| {
         let mut body = b"Version: \"v1\"\r\n".to_vec();
         while body.len() < 8 * 1024 * 1024 {
-            body.extend_from_slice(b"X-More: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+            body.extend_from_slice(
+                b"X-More: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
+            );
         }
         body
     })
@@ -406,8 +438,13 @@ async fn relayed_sessions_count_against_the_state_cap_and_new_ones_are_refused()
         }
     }
     let refused = refused.expect("new relayed state is refused once the cap is reached");
-    assert!(refused <= 10, "refused only after {refused} sessions of 1 MiB under an 8 MiB cap");
-    assert!(*asked.lock().expect("lock") <= 10);
+    // Each session holds its window and the representation it builds
+    // (2 MiB counted): no more than the cap's worth get in.
+    assert!(
+        refused <= 5,
+        "refused only after {refused} sessions of 1 MiB under an 8 MiB cap"
+    );
+    assert!(*asked.lock().expect("lock") <= 5);
     drop(held);
 }
 
@@ -424,8 +461,14 @@ async fn a_path_purge_covers_the_empty_query_and_status_hides_path_parameters() 
     let _subscription = subscribe_raw(addr, "/s;jsessionid=S3CR3T").await;
     let status = common::body_of(common::get(admin, "/status", &[]).await).await;
     let status = String::from_utf8_lossy(&status).into_owned();
-    assert!(!status.contains("S3CR3T"), "path parameters are hidden: {status}");
-    assert!(status.contains("jsessionid"), "their names are shown: {status}");
+    assert!(
+        !status.contains("S3CR3T"),
+        "path parameters are hidden: {status}"
+    );
+    assert!(
+        status.contains("jsessionid"),
+        "their names are shown: {status}"
+    );
     let purged = common::body_of(common::request(admin, "POST", "/purge?path=/a", &[]).await).await;
     assert!(
         String::from_utf8_lossy(&purged).contains('2'),
@@ -433,6 +476,9 @@ async fn a_path_purge_covers_the_empty_query_and_status_hides_path_parameters() 
     );
     for path in ["/a", "/a?"] {
         let again = common::get(addr, path, &[]).await;
-        assert!(again.headers().get("age").is_none(), "{path} is not served from state");
+        assert!(
+            again.headers().get("age").is_none(),
+            "{path} is not served from state"
+        );
     }
 }

@@ -199,7 +199,9 @@ enum Applied {
 }
 
 impl Model {
-    /// Bytes it holds: the representation's body and headers.
+    /// Bytes it holds: the representation's body and headers. A body that
+    /// shares an update's bytes is counted too: the window may drop or
+    /// replace that update while the model keeps them.
     fn weight(&self) -> usize {
         self.known.as_ref().map_or(0, |k| {
             k.body.len()
@@ -213,7 +215,7 @@ impl Model {
     /// Applies one update received; what it did, or `None` when the
     /// update cannot be applied (the model is unknown from then on, until
     /// a snapshot).
-    fn understand(&mut self, raw: &[u8], max_body: usize) -> Option<Applied> {
+    fn understand(&mut self, raw: &Bytes, max_body: usize) -> Option<Applied> {
         let applied = self.apply(raw, max_body);
         if applied.is_none() {
             self.known = None;
@@ -221,7 +223,7 @@ impl Model {
         applied
     }
 
-    fn apply(&mut self, raw: &[u8], max_body: usize) -> Option<Applied> {
+    fn apply(&mut self, raw: &Bytes, max_body: usize) -> Option<Applied> {
         if !self.linear {
             return None;
         }
@@ -250,6 +252,12 @@ impl Model {
                     .into_iter()
                     .filter(|(name, _)| SNAPSHOT_HEADERS.contains(&name.as_str()))
                     .collect();
+                // The update's own bytes end with its body: share them
+                // rather than keep a second copy.
+                let body = match raw.len().checked_sub(body.len()) {
+                    Some(at) if raw[at..] == body[..] => raw.slice(at..),
+                    _ => body,
+                };
                 self.known = Some(Known {
                     version: update.version,
                     status: update.status,
