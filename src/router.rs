@@ -506,25 +506,42 @@ impl Router {
         Ok(response)
     }
 
+    /// The 503 a new subscription gets within the open-files reserve,
+    /// which keeps the last descriptors for the admin listener, upstream
+    /// connections and plain GETs. Over HTTP/1.1 it closes the connection:
+    /// a client keeping a refused connection open would hold one of them.
+    fn refuse_within_file_reserve(&self, version: http::Version) -> Option<Response<Body>> {
+        let (files, metrics) = (&self.inner.open_files, &self.inner.metrics);
+        if files.admits_subscription() {
+            return None;
+        }
+        Metrics::inc(&metrics.subscriptions_rejected_total);
+        let mut response = Refusal::Unavailable {
+            reason: format!(
+                "too few open files left for a new subscription ({} of {} in use); retry later",
+                files.estimate(),
+                files.limit()
+            ),
+            retry_after: Duration::from_secs(5),
+        }
+        .into_response();
+        if version <= http::Version::HTTP_11 {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Some(response)
+    }
+
     async fn subscribe(
         &self,
         req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
-        // Before anything is opened for it (an upstream request, state):
-        // the last descriptors are kept for the admin listener, upstream
-        // connections and plain GETs.
-        if !inner.open_files.admits_subscription() {
-            Metrics::inc(&inner.metrics.subscriptions_rejected_total);
-            return Err(Refusal::Unavailable {
-                reason: format!(
-                    "too few open files left for a new subscription ({} of {} in use); retry later",
-                    inner.open_files.estimate(),
-                    inner.open_files.limit()
-                ),
-                retry_after: Duration::from_secs(5),
-            });
+        // Before anything is opened for it (an upstream request, state).
+        if let Some(refused) = self.refuse_within_file_reserve(req.version()) {
+            return Ok(refused);
         }
         let headers = req.headers().clone();
         let (key, host) = self.request_key(&req);
