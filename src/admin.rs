@@ -9,7 +9,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tracing::warn;
 
 use crate::error::Refusal;
 use crate::net::body::{self, Body};
@@ -35,15 +34,16 @@ pub async fn serve(listener: TcpListener, router: Router) {
         }
     });
     let _probes = AbortOnDrop(probes);
+    let mut errors = crate::limits::AcceptErrors::new("admin");
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
-                warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(errors.failed(&e)).await;
                 continue;
             }
         };
+        errors.accepted();
         let router = router.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {

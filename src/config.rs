@@ -315,6 +315,9 @@ declare_keys! {
     workers: usize, "workers", "N", default ("0"), sample (# "0"),
         parse |v: &str| in_range(parse_count(v)?, 0, 1024),
         "Runtime worker threads: 0 is one per core; 1 is the single-threaded runtime, which costs less CPU per delivery over h2c on a core of its own but delivers the first subscribers later (BENCHMARKS.md, \"Runtime flavour\").";
+    max_open_files: u64, "max-open-files", "N", default ("0"), sample (# "0"),
+        parse |v: &str| -> Result<u64, String> { Ok(in_range(parse_count(v)?, 0, 1 << 30)? as u64) },
+        "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After.";
 }
 
 /// The configured upstream: scheme, authority and an optional path prefix.

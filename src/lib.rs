@@ -22,6 +22,8 @@
 //! - [`admin`], [`status`]: metrics, health, refresh, the operator's page.
 //! - [`config`], [`error`], [`metrics`], [`demo`], [`logtime`]: flags and TOML, refusals,
 //!   counters, the embedded demo origin, the log lines' timestamp.
+//! - [`limits`]: open files: the descriptor limit raised at start, and the
+//!   reserve kept by refusing subscriptions before it runs out.
 
 // No unwrap() on anything that comes from the network: checked by clippy outside tests.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
@@ -34,6 +36,7 @@ pub mod demo;
 pub mod diff;
 pub mod error;
 pub mod feed;
+pub mod limits;
 pub mod logtime;
 pub mod metrics;
 pub mod net;

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use braid_proxy::config::{Args, Config, LogFormat, Upstream};
+use braid_proxy::limits::FileLimit;
 use braid_proxy::net::server::Server;
 use clap::Parser;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
@@ -43,6 +44,8 @@ fn main() -> ExitCode {
         }
     };
     init_logs(config.log_format);
+    // Before anything is opened: the listeners and every connection count.
+    let files = braid_proxy::limits::set_at_start(config.max_open_files, config.max_subscriptions);
     // jemalloc's purging thread returns freed pages within seconds; with
     // one worker the process keeps to one thread, and pages are returned
     // as the allocator is used.
@@ -71,7 +74,7 @@ fn main() -> ExitCode {
         }
     };
     let format = config.log_format;
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(config, files)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             fatal(format, e);
@@ -155,7 +158,10 @@ macro_rules! say {
     }};
 }
 
-async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn run(
+    mut config: Config,
+    files: Option<FileLimit>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let demo = config.upstream.is_none();
     if demo {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -176,6 +182,9 @@ async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send 
             admin = admin.map(|a| format!("http://{a}")),
             upstream,
             demo,
+            open_files = files.map(|f| f.soft),
+            open_files_hard = files.map(|f| f.hard),
+            open_files_was = files.map(|f| f.was),
             "braid-proxy listening"
         );
     } else {
@@ -189,6 +198,9 @@ async fn run(mut config: Config) -> Result<(), Box<dyn std::error::Error + Send 
             say!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
         } else if let Some(upstream) = &config.upstream {
             say!("proxying {upstream}");
+        }
+        if let Some(files) = files {
+            say!("open files: {files}");
         }
     }
     server.run(shutdown_signal()).await

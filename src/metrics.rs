@@ -32,6 +32,10 @@ pub struct Metrics {
     pub upstream_updates_total: AtomicU64,
     pub upstream_reconnects_total: AtomicU64,
     pub state_bytes: AtomicI64,
+    /// Descriptors open, counted at each scrape.
+    pub open_fds: AtomicI64,
+    /// The descriptor limit the process runs with.
+    pub max_fds: AtomicI64,
     pub state_evictions_total: AtomicU64,
     pub state_refusals_total: AtomicU64,
     pub cache_hits_total: AtomicU64,
@@ -251,7 +255,7 @@ impl Metrics {
             (
                 "subscriptions_rejected_total",
                 &self.subscriptions_rejected_total,
-                "Subscriptions refused by a cap.",
+                "Subscriptions refused by a cap: --max-subscriptions, --max-subscriptions-per-resource, or the reserve of open files.",
             ),
             (
                 "updates_published_total",
@@ -304,7 +308,7 @@ impl Metrics {
             let _ = writeln!(out, "# HELP braid_proxy_{name} {help}\n# TYPE braid_proxy_{name} counter\nbraid_proxy_{name} {}", value.load(Relaxed));
         }
         let _ = writeln!(out, "# HELP braid_proxy_diffs_fallback_snapshot_total Diffs replaced by a snapshot (too large or too slow).\n# TYPE braid_proxy_diffs_fallback_snapshot_total counter\nbraid_proxy_diffs_fallback_snapshot_total {}", self.diffs_fallback_snapshot_total.load(Relaxed));
-        let gauges: [(&str, &AtomicI64, &str); 8] = [
+        let gauges: [(&str, &AtomicI64, &str); 10] = [
             (
                 "resources_private",
                 &self.resources_private,
@@ -314,6 +318,16 @@ impl Metrics {
                 "state_bytes",
                 &self.state_bytes,
                 "Bytes of all tracked states (bodies and keys), capped by --state-bytes.",
+            ),
+            (
+                "open_fds",
+                &self.open_fds,
+                "File descriptors open (client connections, upstream connections, listeners), counted at this scrape.",
+            ),
+            (
+                "max_fds",
+                &self.max_fds,
+                "File descriptors the process may hold (RLIMIT_NOFILE, set by --max-open-files); new subscriptions get 503 within the last sixteenth (at least 64).",
             ),
             ("subscriptions", &self.subscriptions, "Open subscriptions."),
             (

@@ -14,6 +14,7 @@ use crate::config::{Config, MultiplexMode, UpstreamKind};
 use crate::error::Refusal;
 use crate::feed::braid::{Relayed, Relays};
 use crate::feed::poll::{self, Watchers};
+use crate::limits::OpenFiles;
 use crate::metrics::Metrics;
 use crate::net::body::{self, Body, BoxError, RequestBody};
 use crate::net::proxy::{self, ConnInfo, UpstreamClient};
@@ -42,6 +43,9 @@ struct Inner {
     multiplexers: Multiplexers,
     /// The GET path from state.
     gets: Arc<Gets>,
+    /// Descriptors open against the limit; new subscriptions are refused
+    /// within its reserve.
+    open_files: Arc<OpenFiles>,
 }
 
 impl Router {
@@ -134,6 +138,7 @@ impl Router {
             writes,
             multiplexers,
             gets,
+            open_files: Arc::new(OpenFiles::for_this_process()),
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -148,6 +153,11 @@ impl Router {
         &self.inner.metrics
     }
 
+    /// The descriptor budget: the accept loop counts client connections in it.
+    pub fn open_files(&self) -> &Arc<OpenFiles> {
+        &self.inner.open_files
+    }
+
     /// What the operator's page shows, read now ([`crate::status`]);
     /// `started` is when the admin listener started.
     pub fn status(&self, started: Instant) -> crate::status::Status {
@@ -159,6 +169,7 @@ impl Router {
             relays: &inner.relays,
             history: &inner.watchers.history,
             health: &inner.client.health,
+            open_files: &inner.open_files,
         };
         crate::status::Status::read(sources, started)
     }
@@ -176,6 +187,16 @@ impl Router {
         );
         metrics.resources_private.store(
             self.inner.registry.private_count() as i64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let files = &self.inner.open_files;
+        let as_gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics.open_fds.store(
+            as_gauge(files.count()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        metrics.max_fds.store(
+            as_gauge(files.limit()),
             std::sync::atomic::Ordering::Relaxed,
         );
         let mut out = self.inner.metrics.render();
@@ -495,12 +516,43 @@ impl Router {
         Ok(response)
     }
 
+    /// The 503 a new subscription gets within the open-files reserve,
+    /// which keeps the last descriptors for the admin listener, upstream
+    /// connections and plain GETs. Over HTTP/1.1 it closes the connection:
+    /// a client keeping a refused connection open would hold one of them.
+    fn refuse_within_file_reserve(&self, version: http::Version) -> Option<Response<Body>> {
+        let (files, metrics) = (&self.inner.open_files, &self.inner.metrics);
+        if files.admits_subscription() {
+            return None;
+        }
+        Metrics::inc(&metrics.subscriptions_rejected_total);
+        let mut response = Refusal::Unavailable {
+            reason: format!(
+                "too few open files left for a new subscription ({} of {} in use); retry later",
+                files.estimate(),
+                files.limit()
+            ),
+            retry_after: Duration::from_secs(5),
+        }
+        .into_response();
+        if version <= http::Version::HTTP_11 {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        Some(response)
+    }
+
     async fn subscribe(
         &self,
         req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
+        // Before anything is opened for it (an upstream request, state).
+        if let Some(refused) = self.refuse_within_file_reserve(req.version()) {
+            return Ok(refused);
+        }
         let headers = req.headers().clone();
         let (key, host) = self.request_key(&req);
         let path = key.path.clone();

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::feed::braid::Relays;
+use crate::limits::OpenFiles;
 use crate::metrics::Metrics;
 use crate::net::proxy::UpstreamHealth;
 use crate::state::{History, Kind, Registry, State};
@@ -24,6 +25,7 @@ pub struct Sources<'a> {
     pub relays: &'a Relays,
     pub history: &'a History,
     pub health: &'a UpstreamHealth,
+    pub open_files: &'a OpenFiles,
 }
 
 /// One reading, served as JSON by `GET /status`.
@@ -36,6 +38,8 @@ pub struct Status {
     /// Totals since start; the page turns them into rates.
     pub counters: Counters,
     pub memory: Vec<Gauge>,
+    /// Descriptors open against the limit.
+    pub open_files: OpenFilesStatus,
     /// How many resources are tracked (polled variants and relayed sessions).
     pub resources_total: usize,
     /// The first [`MAX_LISTED`] of them, the most subscribed first.
@@ -73,6 +77,19 @@ pub struct Counters {
     pub cache_misses: u64,
     pub cache_revalidated: u64,
     pub upstream_errors: u64,
+}
+
+/// Descriptors open, counted at this reading, against the limit.
+#[derive(Debug, Serialize)]
+pub struct OpenFilesStatus {
+    pub open: u64,
+    /// The soft RLIMIT_NOFILE the process runs with (`--max-open-files`).
+    pub limit: u64,
+    /// Within this many of the limit, new subscriptions get 503.
+    pub reserve: u64,
+    /// Client connections and the last count of the others: what a new
+    /// subscription is admitted on.
+    pub estimate: u64,
 }
 
 /// One quantity held in memory, and its cap (`None`: not capped).
@@ -141,6 +158,12 @@ impl Status {
             upstream_errors: metrics.upstream_errors_total.load(Relaxed),
         };
         let count = |n: i64| n.max(0) as u64;
+        let open_files = OpenFilesStatus {
+            open: from.open_files.count(),
+            limit: from.open_files.limit(),
+            reserve: from.open_files.reserve(),
+            estimate: from.open_files.estimate(),
+        };
         let memory = vec![
             Gauge {
                 name: "tracked states",
@@ -184,6 +207,13 @@ impl Status {
                 cap: Some(config.max_private_resources as u64),
                 unit: "count",
             },
+            Gauge {
+                name: "open files",
+                flag: "--max-open-files",
+                used: open_files.open,
+                cap: Some(open_files.limit),
+                unit: "count",
+            },
         ];
         let (mut resources, tracked) = polled(&from, config);
         let relayed = relayed(from.relays);
@@ -201,6 +231,7 @@ impl Status {
             upstream,
             counters,
             memory,
+            open_files,
             resources_total,
             resources,
         }

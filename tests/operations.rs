@@ -299,34 +299,12 @@ fn the_sample_configuration_is_generated_from_the_declarations() {
 /// piped; returns it, the client address its banner names (the text line
 /// or, with `--log-format json`, the banner event), and the banner line.
 fn spawn_binary(args: &[&str]) -> (std::process::Child, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the binary");
-    let stdout = child.stdout.as_mut().expect("stdout");
-    let mut banner = Vec::new();
-    // Byte by byte, so that nothing after the banner is taken from the pipe.
-    let mut byte = [0u8; 1];
-    while std::io::Read::read(stdout, &mut byte).expect("banner") == 1 && byte[0] != b'\n' {
-        banner.push(byte[0]);
-    }
-    let banner = String::from_utf8(banner).expect("UTF-8 banner");
-    let addr = match banner.strip_prefix("braid-proxy listening on http://") {
-        Some(addr) => addr.to_string(),
-        None => {
-            let event: serde_json::Value = serde_json::from_str(&banner)
-                .unwrap_or_else(|e| panic!("the banner is neither text nor JSON ({e}): {banner}"));
-            event["listen"]
-                .as_str()
-                .and_then(|l| l.strip_prefix("http://"))
-                .unwrap_or_else(|| panic!("the banner event names no address: {banner}"))
-                .to_string()
-        }
-    };
-    (child, addr, banner)
+    common::spawn_proxy(
+        Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped()),
+    )
 }
 
 /// Every line of `text` as a JSON object; panics naming the first that is not.

@@ -20,11 +20,15 @@ use tracing::{debug, info, warn};
 
 use crate::admin;
 use crate::config::Config;
+use crate::limits::{AcceptErrors, ClientConnection};
 use crate::net::body::BoxError;
 use crate::net::coalesce::Coalesce;
 use crate::net::fastpath;
 use crate::net::proxy::ConnInfo;
 use crate::router::Router;
+
+/// How often the descriptors other than client connections are counted.
+const FILES_COUNTED_EVERY: Duration = Duration::from_secs(1);
 
 /// Write-buffer bound per connection: hyper stops pulling a response body
 /// once this much is queued, which is what makes slow readers cheap.
@@ -86,20 +90,33 @@ impl Server {
             tokio::spawn(admin::serve(admin_listener, router))
         });
 
+        // Upstream connections and the like reach the descriptor estimate
+        // by a count once a second; client connections are counted here.
+        let files = router.open_files().clone();
+        let counting = tokio::spawn(
+            files
+                .clone()
+                .count_every(FILES_COUNTED_EVERY, router.closing()),
+        );
+        let mut errors = AcceptErrors::new("client");
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => serve_connection(stream, peer, &builder, &router, &graceful, &fast),
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok((stream, peer)) => {
+                        errors.accepted();
+                        let counted = files.connection();
+                        serve_connection(stream, peer, counted, &builder, &router, &graceful, &fast);
                     }
+                    // Out of file descriptors and the like: wait instead
+                    // of spinning; the subscriptions refused within the
+                    // reserve make it rare.
+                    Err(e) => tokio::time::sleep(errors.failed(&e)).await,
                 },
             }
         }
+        counting.abort();
         drop(listener);
         info!("shutting down: ending subscription streams, draining in-flight requests");
         router.begin_shutdown();
@@ -248,9 +265,12 @@ impl Drop for Active {
     }
 }
 
+/// Serves one client connection in a task of its own; `counted` keeps it
+/// in the descriptor budget until the task ends, with the socket.
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    counted: ClientConnection,
     builder: &Arc<Builders>,
     router: &Router,
     graceful: &GracefulShutdown,
@@ -269,6 +289,7 @@ fn serve_connection(
     let watcher = graceful.watcher();
     let fast = fast.clone();
     tokio::spawn(async move {
+        let _counted = counted;
         // The header-read timeout also covers the wait for the first bytes.
         // A connection that has not started a request when shutdown begins
         // is closed at once (its watcher would otherwise hold shutdown up).

@@ -137,3 +137,35 @@ pub async fn body_of(response: Response<Incoming>) -> Bytes {
         .expect("body")
         .to_bytes()
 }
+
+/// Starts the built binary as `command` says (stdout piped) and reads its
+/// first line, the listening banner: returns the child, the client address
+/// the banner names (the text line or, with `--log-format json`, the
+/// banner event), and the banner line.
+pub fn spawn_proxy(command: &mut std::process::Command) -> (std::process::Child, String, String) {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    let stdout = child.stdout.as_mut().expect("stdout");
+    let mut banner = Vec::new();
+    // Byte by byte, so that nothing after the banner is taken from the pipe.
+    let mut byte = [0u8; 1];
+    while std::io::Read::read(stdout, &mut byte).expect("banner") == 1 && byte[0] != b'\n' {
+        banner.push(byte[0]);
+    }
+    let banner = String::from_utf8(banner).expect("UTF-8 banner");
+    let addr = match banner.strip_prefix("braid-proxy listening on http://") {
+        Some(addr) => addr.to_string(),
+        None => {
+            let event: serde_json::Value = serde_json::from_str(&banner)
+                .unwrap_or_else(|e| panic!("the banner is neither text nor JSON ({e}): {banner}"));
+            event["listen"]
+                .as_str()
+                .and_then(|l| l.strip_prefix("http://"))
+                .unwrap_or_else(|| panic!("the banner event names no address: {banner}"))
+                .to_string()
+        }
+    };
+    (child, addr, banner)
+}
