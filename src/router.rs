@@ -628,9 +628,17 @@ impl Router {
                 }
                 poll::await_validation(&resource, generation, limit).await;
             }
+            // Another request's answer showed it is not to be shared (one
+            // client's, or another variant than its key said): this
+            // request gets a resource of its own, asked with its own
+            // headers (a cache's hit-for-miss).
+            if resource.is_detached() && !created && !seeded && attempts < 3 {
+                drop(rx);
+                continue;
+            }
             // Another request's answer seeded it: is it this request's variant?
             let rekeyed = inner.registry.key_for(&path, &headers, &host) != key;
-            if seeded || claimed || !rekeyed || attempts == 2 {
+            if seeded || claimed || !rekeyed || attempts >= 2 {
                 break (resource, rx, created);
             }
         };

@@ -43,7 +43,8 @@ impl Gets {
 
     /// What the upstream of the resource `key` names is: forced by
     /// `--upstream-kind`, else as its own answers told (a live relayed
-    /// subscription of the URL says Braid).
+    /// subscription of the URL says Braid; a variant of the URL known to
+    /// be plain says plain for a variant not known yet).
     pub fn kind_of(&self, key: &Key) -> Kind {
         let inner = self;
         match inner.config.upstream_kind {
@@ -54,7 +55,11 @@ impl Gets {
             {
                 Kind::Braid
             }
-            UpstreamKind::Auto => inner.registry.get(key).map_or(Kind::Unknown, |r| r.kind()),
+            UpstreamKind::Auto => match inner.registry.get(key).map(|r| r.kind()) {
+                Some(kind) if kind != Kind::Unknown => kind,
+                _ if inner.registry.any_variant_plain(&key.path) => Kind::Plain,
+                _ => Kind::Unknown,
+            },
         }
     }
 
@@ -67,7 +72,7 @@ impl Gets {
         req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
-        let mut response = self.answer(req, braid).await?;
+        let mut response = self.answer(req, braid, false).await?;
         if !self.config.keep_surrogate_key {
             // Meant for this cache (purging by tag), not for clients.
             const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
@@ -76,11 +81,13 @@ impl Gets {
         Ok(response)
     }
 
-    /// See [`Gets::get`].
+    /// See [`Gets::get`]. `again`: this request waited on another's fetch
+    /// whose answer named a `Vary`, and is being answered under it.
     async fn answer(
         self: &Arc<Self>,
         req: Request<RequestBody>,
         braid: BraidRequest,
+        again: bool,
     ) -> Result<Response<Body>, Refusal> {
         let inner = self;
         let request_cc = cache::request_cache_control(req.headers());
@@ -156,6 +163,21 @@ impl Gets {
         if request_cc.only_if_cached {
             return Ok(only_if_cached_miss());
         }
+        // First contact: a resource to wait on, so that concurrent first
+        // requests of this variant share one origin request (a cache
+        // lock) until its answer says whether it may be shared.
+        let resource = match resource {
+            None if req.method() == Method::GET => inner
+                .registry
+                .get_or_create(
+                    &key,
+                    || proxy::watcher_template(&req, &inner.config),
+                    |_| (),
+                )
+                .ok()
+                .map(|(r, _, ())| r),
+            known => known,
+        };
         let guard = match &resource {
             Some(resource)
                 if !resource
@@ -167,14 +189,23 @@ impl Gets {
                 let guard = tokio::time::timeout(inner.config.response_timeout, lock)
                     .await
                     .ok();
-                // Another request fetched while this one waited: its answer may do.
-                if resource.validation().generation != arrived {
-                    let at = (&key, host.as_str());
-                    if let Some(response) =
-                        self.answer_from_state(&req, &braid, resource, &request_cc, at, true)
-                    {
-                        return Ok(response);
-                    }
+                // The answer it waited for named a `Vary` its key was not
+                // made under: this request is a variant of its own now,
+                // perhaps one that answer just stored (concurrent first
+                // requests of one view share one origin request).
+                if !again && self.request_key(&req).0.vary != key.vary {
+                    drop(guard);
+                    return Box::pin(self.answer(req, braid, true)).await;
+                }
+                // Another request fetched while this one waited: its answer
+                // may do (as validated for this request when the origin
+                // answered after it arrived, else if it is fresh).
+                let validated = resource.validation().generation != arrived;
+                let at = (&key, host.as_str());
+                if let Some(response) =
+                    self.answer_from_state(&req, &braid, resource, &request_cc, at, validated)
+                {
+                    return Ok(response);
                 }
                 guard
             }
@@ -203,9 +234,19 @@ impl Gets {
                 return None;
             }
         }
-        // Never older than the newest version the proxy knows.
+        // Never older than the newest version the proxy knows: the
+        // polled head's, or a live upstream subscription's.
         if stored.version.as_ref().is_some_and(|v| *v != head.version) {
             return None;
+        }
+        if let Some(live) = self.relays.newest_version(req, at.0) {
+            let said = stored
+                .headers
+                .get("version")
+                .and_then(|v| crate::braid::VersionList::parse_named(v.as_bytes(), "Version").ok());
+            if said.as_ref() != Some(&live) {
+                return None;
+            }
         }
         let outcome = if validated_since_arrival {
             // The origin answered while this request waited for that fetch:
@@ -460,22 +501,41 @@ async fn fetch(
     };
     let not_stored = not_stored.or_else(|| copy.is_none().then_some("busy"));
     let mut response = proxy::downstream_response(response, config);
-    let target: Result<Arc<Resource>, &'static str> = match not_stored {
-        Some(reason) => Err(reason),
-        None => {
-            let vary = cache::vary(response.headers());
-            let key = inner
-                .registry
-                .learn_vary(&key.path, &vary, probe.headers(), &host);
-            inner
-                .registry
-                .get_or_create(&key, || template, |_| ())
-                .map(|(r, _, ())| r)
-                .map_err(|_| match inner.registry.is_full() {
-                    true => "state full",
-                    false => "private cap",
-                })
-        }
+    let target: Result<(Arc<Resource>, Option<tokio::sync::OwnedMutexGuard<()>>), &'static str> =
+        match not_stored {
+            Some(reason) => Err(reason),
+            None => {
+                let vary = cache::vary(response.headers());
+                let key = inner
+                    .registry
+                    .learn_vary(&key.path, &vary, probe.headers(), &host);
+                // An answer that goes into another resource than the one
+                // waited on (its `Vary` made another key) holds that one's
+                // lock until stored, taken under the registry's lock as it is
+                // found, so that requests of its variant wait for it rather
+                // than ask again.
+                let waited_on = resource.clone();
+                inner
+                    .registry
+                    .get_or_create(
+                        &key,
+                        || template,
+                        |r| match &waited_on {
+                            Some(w) if Arc::ptr_eq(w, r) => None,
+                            _ => r.fetching.clone().try_lock_owned().ok(),
+                        },
+                    )
+                    .map(|(r, _, lock)| (r, lock))
+                    .map_err(|_| match inner.registry.is_full() {
+                        true => "state full",
+                        false => "private cap",
+                    })
+            }
+        };
+    let (target, guard) = match target {
+        Ok((t, Some(lock))) => (Ok(t), Some(lock)),
+        Ok((t, None)) => (Ok(t), guard),
+        Err(reason) => (Err(reason), guard),
     };
     let detail = match target {
         Err(reason) => {

@@ -540,16 +540,18 @@ impl Relays {
                     continue;
                 }
                 let tick = s.tick.borrow();
-                if tick.plain {
-                    // Its opener found a plain origin: served from the polled resource.
-                    return (s.clone(), false);
-                }
                 if tick.ended || tick.opened == Some(false) || s.deserted(&tick) {
                     continue;
                 }
                 if tick.opened.is_none() || s.start_for(braid).is_some() {
                     return (s.clone(), false);
                 }
+            }
+            // An opener of another variant just found a plain origin for
+            // this URL: every variant is polled (its own, once that answer
+            // is in), rather than asked upstream again.
+            if let Some(plain) = list.iter().find(|s| s.tick.borrow().plain) {
+                return (plain.clone(), false);
             }
         }
         let session = Self::new_session(path, rkey, braid);
@@ -732,13 +734,19 @@ impl Relays {
     fn learn_keys(&self, session: &Session, answer: &HeaderMap, opener: &HeaderMap, host: &str) {
         let vary = subscription_vary(answer);
         let cc = cache::CacheControl::parse(answer);
-        if cc.private || answer.contains_key(header::SET_COOKIE) || vary == Vary::Any {
-            session.exclusive.store(true, Relaxed);
-        }
         let _sessions = lock(&self.sessions);
         self.registry.learn_braid(&session.path);
         self.registry.record_vary(&session.path, &vary);
         let key = self.registry.key_for(&session.path, opener, host);
+        // One client's answer is shared by nobody; under a credential's
+        // key, a `private` answer is shared by that credential's requests
+        // alone, as the tier above shares it.
+        let personal = (cc.private && !key.is_credentialed())
+            || answer.contains_key(header::SET_COOKIE)
+            || vary == Vary::Any;
+        if personal {
+            session.exclusive.store(true, Relaxed);
+        }
         *lock(&session.key) = relay_key(&key, opener);
         let own_view = ["peer", "merge-type", "version"]
             .iter()
@@ -771,6 +779,34 @@ impl Relays {
         }
         Metrics::inc(&self.metrics.cache_hits_total);
         Some(serve_known(req, &known, proxy_id))
+    }
+
+    /// The newest version a live upstream subscription of this request's
+    /// variant and representation has received, if there is one: a stored
+    /// answer of another version is older than what that subscription's
+    /// subscribers have, and is not served (spec/caching.md §2).
+    pub fn newest_version<B>(&self, req: &Request<B>, key: &Key) -> Option<VersionList> {
+        let sessions: Vec<Arc<Session>> = {
+            let sessions = lock(&self.sessions);
+            let list = sessions.get(&key.path)?;
+            let view = view_key(key, req.headers());
+            list.iter()
+                .filter(|s| {
+                    let rkey = lock(&s.key);
+                    rkey.strip_prefix(view.as_str())
+                        .is_some_and(|rest| rest.starts_with('\n'))
+                })
+                .cloned()
+                .collect()
+        };
+        sessions.iter().find_map(|s| {
+            let tick = s.tick.borrow().clone();
+            if tick.ended || tick.opened != Some(true) {
+                return None;
+            }
+            let window = lock(&s.window);
+            window.entries.iter().rev().find_map(|e| e.version.clone())
+        })
     }
 
     /// The bytes all relayed windows hold now (counted against `--state-bytes`).

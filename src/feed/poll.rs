@@ -24,7 +24,9 @@ use crate::cache::{self, Timing};
 use crate::metrics::Metrics;
 use crate::net::body;
 use crate::net::proxy::UpstreamClient;
-use crate::state::{Change, History, Registry, Resource, State, Stored, Ticket, Tuning};
+use crate::state::{
+    AnswerRules, Change, History, Registry, Resource, State, Stored, Ticket, Tuning,
+};
 
 /// What a watcher needs, shared by all of them.
 pub struct Watchers {
@@ -295,10 +297,29 @@ impl Watchers {
         let vary = cache::vary(headers);
         let cc = cache::CacheControl::parse(headers);
         let personal = cc.private || cc.no_store || headers.contains_key(header::SET_COOKIE);
-        if vary != resource.vary {
+        resource.set_answer_rules(AnswerRules {
+            vary: vary.clone(),
+            personal,
+        });
+        let mut keyed_under = resource.vary();
+        if vary != keyed_under {
             self.registry.record_vary(resource.key(), &vary);
+            // Its first answer named the `Vary`: it is the variant of the
+            // request that made it, under which requests of the same view
+            // find it (rather than each asking the origin again).
+            let template = &resource.template;
+            let host = template
+                .get("x-forwarded-host")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let key = self
+                .registry
+                .learn_vary(resource.key(), &vary, template, host);
+            if vary != cache::Vary::Any && self.registry.rekey(resource, &key) {
+                keyed_under = vary.clone();
+            }
         }
-        if vary != resource.vary || (personal && !resource.private) {
+        if vary != keyed_under || (personal && !resource.private) {
             self.registry.detach(resource)?;
         }
         Ok(())

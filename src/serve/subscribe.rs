@@ -184,6 +184,7 @@ impl Subscriptions {
         request: &BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let counted = self.admit(&resource)?;
+        let resource_rules = resource.answer_rules();
         Metrics::inc(&self.metrics.subscriptions_total);
         let current = head.borrow().clone();
         let at = match &request.parents {
@@ -227,15 +228,20 @@ impl Subscriptions {
                 .clone()
                 .unwrap_or(HeaderValue::from_static("true")),
         );
+        // What the origin said about sharing travels to the next tier: its
+        // `Vary` names before Braid's own, and `private` for an answer that
+        // is one client's (spec/braid-wire.md §5.1).
+        let rules = resource_rules;
         h.insert(
             header::CACHE_CONTROL,
-            HeaderValue::from_static("no-cache, no-transform, no-store"),
+            HeaderValue::from_static(if rules.personal {
+                "private, no-cache, no-transform, no-store"
+            } else {
+                "no-cache, no-transform, no-store"
+            }),
         );
         h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        h.insert(
-            header::VARY,
-            HeaderValue::from_static("Version, Parents, Subscribe"),
-        );
+        h.insert(header::VARY, subscription_vary(&rules.vary));
         if let Some(v) = &request.heartbeats_echo {
             h.insert("heartbeats", v.clone());
         }
@@ -260,6 +266,24 @@ impl Subscriptions {
             }
         }
         Ok(response)
+    }
+}
+
+/// A 209's `Vary`: the origin's names, then Braid's request headers.
+fn subscription_vary(vary: &cache::Vary) -> HeaderValue {
+    const BRAID: &str = "Version, Parents, Subscribe";
+    match vary {
+        cache::Vary::Any => HeaderValue::from_static("*"),
+        cache::Vary::None => HeaderValue::from_static(BRAID),
+        cache::Vary::Names(names) => {
+            let mut line = String::new();
+            for name in names {
+                line.push_str(name.as_str());
+                line.push_str(", ");
+            }
+            line.push_str(BRAID);
+            HeaderValue::from_str(&line).unwrap_or(HeaderValue::from_static("*"))
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
-use super::resource::{lock, Resource};
+use super::resource::{lock, Kind, Resource};
 use crate::cache::{self, Vary};
 use crate::error::Refusal;
 use crate::metrics::Metrics;
@@ -38,6 +38,14 @@ pub struct Key {
     pub secondary: String,
     /// The `Vary` the secondary key was computed under.
     pub vary: Vary,
+}
+
+impl Key {
+    /// Whether the variant is one credential's (the request carried
+    /// `Authorization` or a cookie the key names).
+    pub fn is_credentialed(&self) -> bool {
+        self.secondary.contains("\ncredentials:")
+    }
 }
 
 /// The variants of one URL, and the `Vary` its origin last answered with.
@@ -123,6 +131,15 @@ impl Registry {
         lock(&self.urls).entry(path.to_string()).or_default().braid = true;
     }
 
+    /// Whether some variant of `path` is known to come from a plain origin:
+    /// the URL's other variants are taken to be plain too (one handler
+    /// answers them), so that a new variant is polled at once.
+    pub fn any_variant_plain(&self, path: &str) -> bool {
+        lock(&self.urls)
+            .get(path)
+            .is_some_and(|v| v.by_key.values().any(|r| r.kind() == Kind::Plain))
+    }
+
     /// Whether a Braid server answered for `path` (while the URL is tracked).
     pub fn is_braid(&self, path: &str) -> bool {
         lock(&self.urls).get(path).is_some_and(|v| v.braid)
@@ -156,7 +173,7 @@ impl Registry {
             let t = with(r);
             return Ok((r.clone(), false, t));
         }
-        let private = key.secondary.contains("\ncredentials:");
+        let private = key.is_credentialed();
         let slot = match private {
             true => Some(
                 self.reserve_private()
@@ -247,17 +264,45 @@ impl Registry {
         Ok(())
     }
 
+    /// Moves `resource` to the variant `key` names, when its first answer
+    /// named a `Vary` it was not keyed under and it is the view of the
+    /// request that made it (its template's): requests of that view find
+    /// it there. False (nothing moved) when another resource holds that
+    /// variant or this one is no longer tracked.
+    pub fn rekey(&self, resource: &Arc<Resource>, key: &Key) -> bool {
+        let mut urls = lock(&self.urls);
+        let Some(variants) = urls.get_mut(&resource.key) else {
+            return false;
+        };
+        let mut variant = lock(&resource.variant);
+        let tracked = variants
+            .by_key
+            .get(&variant.0)
+            .is_some_and(|r| Arc::ptr_eq(r, resource));
+        if !tracked || variants.by_key.contains_key(&key.secondary) {
+            return false;
+        }
+        variants.by_key.remove(&variant.0);
+        variants
+            .by_key
+            .insert(key.secondary.clone(), resource.clone());
+        *variant = (key.secondary.clone(), key.vary.clone());
+        true
+    }
+
     fn unlink(&self, resource: &Arc<Resource>) {
         let mut urls = lock(&self.urls);
         if let Some(variants) = urls.get_mut(&resource.key) {
+            let variant = lock(&resource.variant);
             if variants
                 .by_key
-                .get(&resource.secondary)
+                .get(&variant.0)
                 .is_some_and(|r| Arc::ptr_eq(r, resource))
             {
-                variants.by_key.remove(&resource.secondary);
+                variants.by_key.remove(&variant.0);
                 self.metrics.resources.fetch_sub(1, Relaxed);
             }
+            drop(variant);
             if variants.by_key.is_empty() && !variants.braid && variants.vary == Vary::None {
                 urls.remove(&resource.key);
             }

@@ -41,6 +41,15 @@ pub enum State {
     Error { status: u16, reason: String },
 }
 
+/// What an origin's answer says about who may share it: the request
+/// headers it varies on, and whether it is one client's alone
+/// (`private`, `no-store`, or it set a cookie).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerRules {
+    pub vary: Vary,
+    pub personal: bool,
+}
+
 /// What a header map holds: names, values, and a map entry's own cost.
 pub fn header_bytes(headers: &HeaderMap) -> usize {
     headers
@@ -330,8 +339,10 @@ pub struct Tuning {
 pub struct Resource {
     id: u64,
     pub(super) key: String,
-    /// The variant within the URL: forwarded host, Vary values, credentials.
-    pub(super) secondary: String,
+    /// The variant within the URL: forwarded host, Vary values,
+    /// credentials; and the `Vary` it was computed under. Changed only by
+    /// [`super::Registry::rekey`], under the registry's lock.
+    pub(super) variant: Mutex<(String, Vary)>,
     /// The request headers its watcher sends upstream: the creating
     /// request's end-to-end headers and forwarding headers.
     pub template: HeaderMap,
@@ -351,8 +362,9 @@ pub struct Resource {
     /// Held while a request fetches this variant from the origin, so that
     /// concurrent requests that need the origin share one request.
     pub fetching: Arc<tokio::sync::Mutex<()>>,
-    /// The `Vary` its key was computed under.
-    pub vary: Vary,
+    /// What the origin's latest answer said about sharing it, passed on to
+    /// downstream tiers with every 209 (spec/braid-wire.md §5.1).
+    answer_rules: Mutex<AnswerRules>,
     /// Set while a watcher task runs for this resource.
     pub(super) watching: std::sync::atomic::AtomicBool,
     /// Set when the origin's last answer could not be stored: requests then
@@ -448,7 +460,7 @@ impl Resource {
         Resource {
             id,
             key: key.path,
-            secondary: key.secondary,
+            variant: Mutex::new((key.secondary, key.vary.clone())),
             template,
             private,
             slot: Mutex::new(None),
@@ -457,7 +469,10 @@ impl Resource {
             head: watch::channel(Arc::new(Head::unknown())).0,
             stored: Mutex::new(None),
             fetching: Arc::default(),
-            vary: key.vary,
+            answer_rules: Mutex::new(AnswerRules {
+                vary: key.vary.clone(),
+                personal: false,
+            }),
             watching: false.into(),
             uncacheable: false.into(),
             detached: false.into(),
@@ -534,7 +549,7 @@ impl Resource {
         let frames =
             head.update.as_ref().map_or(0, Bytes::len) + head.snapshot.get().map_or(0, Bytes::len);
         let weight = self.key.len()
-            + self.secondary.len()
+            + lock(&self.variant).0.len()
             + RESOURCE_OVERHEAD
             + head_body.len()
             + frames
@@ -612,6 +627,21 @@ impl Resource {
     /// Whether the resource was taken out of the registry.
     pub fn is_detached(&self) -> bool {
         self.detached.load(Relaxed)
+    }
+
+    /// The `Vary` its key was computed under.
+    pub fn vary(&self) -> Vary {
+        lock(&self.variant).1.clone()
+    }
+
+    /// Records what the origin's latest answer said about sharing.
+    pub fn set_answer_rules(&self, rules: AnswerRules) {
+        *lock(&self.answer_rules) = rules;
+    }
+
+    /// What the origin's latest answer said about sharing.
+    pub fn answer_rules(&self) -> AnswerRules {
+        lock(&self.answer_rules).clone()
     }
 
     /// The current head.

@@ -1,0 +1,364 @@
+//! Faithful across tiers (issue 43): the matrix. For each rule an origin
+//! gives (a custom `Vary` header, `Vary: Accept-Language`, `private`,
+//! `Set-Cookie`, and the credentials `Authorization` and `Cookie`), for
+//! GETs and subscriptions, opened one after another and all at once, at
+//! the first tier, an edge and a third tier, with HTTP/1.1 and h2c
+//! between tiers: clients with different views never see each other's,
+//! and clients with the same view share one upstream request. All tiers
+//! are the crate's `Server` on 127.0.0.1:0, clients hyper on real sockets.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The rules under test; each has its own path at the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// `Vary: X-Tenant`: the body names the tenant.
+    Tenant,
+    /// `Vary: Accept-Language`.
+    Language,
+    /// `Cache-Control: private`: every answer is one client's.
+    Private,
+    /// `Set-Cookie`: every answer is one client's.
+    SetsCookie,
+    /// The request's `Authorization` selects the view (nothing said).
+    Authorization,
+    /// The request's `Cookie` selects the view (nothing said).
+    Cookie,
+}
+
+const RULES: [Rule; 6] = [
+    Rule::Tenant,
+    Rule::Language,
+    Rule::Private,
+    Rule::SetsCookie,
+    Rule::Authorization,
+    Rule::Cookie,
+];
+
+impl Rule {
+    fn path(self) -> &'static str {
+        match self {
+            Rule::Tenant => "/tenant",
+            Rule::Language => "/language",
+            Rule::Private => "/private",
+            Rule::SetsCookie => "/sets-cookie",
+            Rule::Authorization => "/authorization",
+            Rule::Cookie => "/cookie",
+        }
+    }
+
+    /// The request header that selects a view, and three clients' values:
+    /// the first two differ, the third is the first's again.
+    fn clients(self) -> [Vec<(&'static str, &'static str)>; 3] {
+        let header = match self {
+            Rule::Tenant => "x-tenant",
+            Rule::Language => "accept-language",
+            Rule::Authorization => "authorization",
+            Rule::Cookie => "cookie",
+            // Anonymous clients: the origin tells them apart.
+            Rule::Private | Rule::SetsCookie => return [vec![], vec![], vec![]],
+        };
+        let (a, b) = match self {
+            Rule::Tenant => ("acme", "evil"),
+            Rule::Language => ("en", "fr"),
+            Rule::Authorization => ("Bearer alpha", "Bearer bravo"),
+            _ => ("session=alpha", "session=bravo"),
+        };
+        [vec![(header, a)], vec![(header, b)], vec![(header, a)]]
+    }
+
+    /// Whether clients whose headers are equal have the same view.
+    fn shared_by_equals(self) -> bool {
+        !matches!(self, Rule::Private | Rule::SetsCookie)
+    }
+}
+
+/// The origin: every answer's body is `<view> n=<k>.`, where the view is
+/// the value of the rule's request header and `k` counts the requests of
+/// that path; it records each request's path and view.
+#[derive(Clone, Default)]
+struct Origin {
+    count: Arc<AtomicUsize>,
+    asked: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Origin {
+    async fn start(&self) -> SocketAddr {
+        let origin = self.clone();
+        common::serve(move |req| origin.answer(req)).await
+    }
+
+    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let n = self.count.fetch_add(1, Ordering::SeqCst);
+        let path = req.uri().path().to_string();
+        let view_of = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_string()
+        };
+        let rule = RULES.iter().find(|r| r.path() == path).copied();
+        let view = match rule {
+            Some(Rule::Tenant) => view_of("x-tenant"),
+            Some(Rule::Language) => view_of("accept-language"),
+            Some(Rule::Authorization) => view_of("authorization"),
+            Some(Rule::Cookie) => view_of("cookie"),
+            _ => "anyone".to_string(),
+        };
+        self.asked
+            .lock()
+            .expect("lock")
+            .push((req.uri().to_string(), view.clone()));
+        let mut response = Response::builder()
+            .header("content-type", "text/plain")
+            .header("etag", format!("\"n{n}\""));
+        response = match rule {
+            Some(Rule::Tenant) => response
+                .header("vary", "X-Tenant")
+                .header("cache-control", "max-age=600"),
+            Some(Rule::Language) => response
+                .header("vary", "Accept-Language")
+                .header("cache-control", "max-age=600"),
+            Some(Rule::Private) => response.header("cache-control", "private, max-age=600"),
+            Some(Rule::SetsCookie) => response
+                .header("set-cookie", format!("s={n}"))
+                .header("cache-control", "max-age=600"),
+            // A shared cache reuses an answer to a request with
+            // `Authorization` only when told it may (RFC 9111 §3.5).
+            Some(Rule::Authorization) => response.header("cache-control", "public, max-age=600"),
+            _ => response.header("cache-control", "max-age=600"),
+        };
+        let body = format!("{view} n={n}.");
+        response
+            .body(Full::new(Bytes::from(body)))
+            .expect("response")
+    }
+
+    /// How many requests for `uri` carried `view`.
+    fn asked_for(&self, uri: &str, view: &str) -> usize {
+        self.asked
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(u, v)| u == uri && v == view)
+            .count()
+    }
+}
+
+/// A chain of `depth` tiers in front of `origin`; the last one's address.
+async fn chain(origin: SocketAddr, depth: usize, h2c: bool) -> SocketAddr {
+    let mut upstream = origin;
+    for tier in 0..depth {
+        let (addr, _) = common::proxy_for(upstream, |c| {
+            c.upstream_h2c = h2c && tier > 0;
+        })
+        .await;
+        upstream = addr;
+    }
+    upstream
+}
+
+/// What a client got: the view its answer names and the request counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    view: String,
+    n: String,
+}
+
+fn parse(text: &str) -> Seen {
+    let text = text.trim();
+    let (view, n) = text
+        .rsplit_once(" n=")
+        .unwrap_or_else(|| panic!("not an origin body: {text:?}"));
+    Seen {
+        view: view.to_string(),
+        n: n.trim_end_matches('.').to_string(),
+    }
+}
+
+/// A plain GET's body.
+async fn get(addr: SocketAddr, uri: &str, headers: &[(&str, &str)]) -> (Seen, ()) {
+    let response = common::get(addr, uri, headers).await;
+    assert_eq!(response.status().as_u16(), 200, "GET {uri}");
+    let body = common::body_of(response).await;
+    (parse(&String::from_utf8_lossy(&body)), ())
+}
+
+/// A subscription's first update body (the snapshot); the response is
+/// kept open in the returned body until dropped.
+async fn subscribe(addr: SocketAddr, uri: &str, headers: &[(&str, &str)]) -> (Seen, Incoming) {
+    let mut all: Vec<(&str, &str)> = headers.to_vec();
+    all.push(("subscribe", "true"));
+    let response = common::get(addr, uri, &all).await;
+    assert_eq!(response.status().as_u16(), 209, "subscribe {uri}");
+    let mut body = response.into_body();
+    let mut seen = Vec::new();
+    let text = tokio::time::timeout(WAIT, async {
+        loop {
+            let frame = body
+                .frame()
+                .await
+                .expect("the stream goes on")
+                .expect("a frame");
+            if let Some(data) = frame.data_ref() {
+                seen.extend_from_slice(data);
+            }
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            if let Some(start) = text.find("\r\n\r\n") {
+                let rest = &text[start + 4..];
+                if rest.contains('.') {
+                    return rest[..=rest.find('.').unwrap_or(0)].to_string();
+                }
+            }
+        }
+    })
+    .await
+    .expect("a first update in time");
+    (parse(&text), body)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Get,
+    Subscription,
+}
+
+/// One cell of the matrix: three clients of `rule` at `addr`, one after
+/// another or all at once; returns what each saw.
+async fn cell(addr: SocketAddr, rule: Rule, kind: Kind, at_once: bool, uri: &str) -> Vec<Seen> {
+    let clients = rule.clients();
+    let ask = |headers: Vec<(&'static str, &'static str)>| {
+        let uri = uri.to_string();
+        async move {
+            match kind {
+                Kind::Get => {
+                    let (seen, ()) = get(addr, &uri, &headers).await;
+                    (seen, None)
+                }
+                Kind::Subscription => {
+                    let (seen, body) = subscribe(addr, &uri, &headers).await;
+                    (seen, Some(body))
+                }
+            }
+        }
+    };
+    let mut answers = Vec::new();
+    if at_once {
+        let [a, b, c] = clients;
+        let (a, b, c) = tokio::join!(ask(a), ask(b), ask(c));
+        answers.extend([a, b, c]);
+    } else {
+        for headers in clients {
+            // Earlier subscriptions stay open while later ones come.
+            answers.push(ask(headers).await);
+        }
+    }
+    let seen = answers.iter().map(|(s, _)| s.clone()).collect();
+    drop(answers);
+    seen
+}
+
+/// Checks one cell's answers against the rule.
+fn check(rule: Rule, seen: &[Seen], origin: &Origin, uri: &str, what: &str, shared_race: bool) {
+    let clients = rule.clients();
+    for (i, (headers, got)) in clients.iter().zip(seen).enumerate() {
+        if let Some((_, value)) = headers.first() {
+            assert_eq!(
+                got.view, *value,
+                "{what}: client {i} got another view: {seen:?}"
+            );
+        }
+    }
+    if rule.shared_by_equals() {
+        assert_ne!(seen[0].view, seen[1].view, "{what}: {seen:?}");
+        // The same view is one upstream answer's, shared.
+        assert_eq!(
+            seen[0].n, seen[2].n,
+            "{what}: clients with one view share one answer: {seen:?}"
+        );
+        // And one origin request's, but where subscriptions of several
+        // views race on first contact: one of them may be sent up while
+        // another's answer is seeding the resource they then share.
+        if !shared_race {
+            assert_eq!(
+                origin.asked_for(uri, &seen[0].view),
+                1,
+                "{what}: clients with one view share one request: {seen:?}"
+            );
+        }
+    } else {
+        let mut ns: Vec<&str> = seen.iter().map(|s| s.n.as_str()).collect();
+        ns.sort_unstable();
+        ns.dedup();
+        assert_eq!(
+            ns.len(),
+            3,
+            "{what}: one client's answer went to another: {seen:?}"
+        );
+    }
+}
+
+async fn matrix(depth: usize, h2c: bool) {
+    let origin = Origin::default();
+    let addr = chain(origin.start().await, depth, h2c).await;
+    let mut case = 0;
+    for rule in RULES {
+        for kind in [Kind::Get, Kind::Subscription] {
+            for at_once in [false, true] {
+                case += 1;
+                // Each cell its own URL: nothing stored by one cell serves another.
+                let uri = format!("{}?cell={case}", rule.path());
+                let seen = cell(addr, rule, kind, at_once, &uri).await;
+                let what = format!(
+                    "{rule:?} {kind:?} {} at tier {depth}{}",
+                    if at_once {
+                        "all at once"
+                    } else {
+                        "one after another"
+                    },
+                    if h2c { " over h2c" } else { "" }
+                );
+                let race = at_once && matches!(kind, Kind::Subscription);
+                check(rule, &seen, &origin, &uri, &what, race);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_tier() {
+    matrix(1, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge() {
+    matrix(2, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_over_h2c() {
+    matrix(2, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_tier() {
+    matrix(3, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_tier_over_h2c() {
+    matrix(3, true).await;
+}
