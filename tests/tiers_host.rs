@@ -12,13 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use braid_proxy::braid::{self, DecodeLimits, Decoder};
-use braid_proxy::config::{Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::config::Config;
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
 const WAIT: Duration = Duration::from_secs(10);
 const TENANT_A: &str = "tenant-a.example";
@@ -80,23 +78,23 @@ impl Origin {
     }
 }
 
-/// Starts a tier in front of `upstream`, polling a plain origin every
-/// 200 ms; `tune` adjusts its configuration. Returns its address.
+/// Starts a tier in front of `upstream` (another tier or the origin),
+/// polling a plain origin every 200 ms; `tune` adjusts its configuration.
 async fn tier(id: &str, upstream: SocketAddr, tune: impl FnOnce(&mut Config)) -> SocketAddr {
-    let mut config = Config {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        upstream: Some(Upstream::parse(&format!("http://{upstream}")).expect("upstream")),
-        poll_interval: Duration::from_millis(200),
-        heartbeat: Duration::ZERO,
-        proxy_id: id.to_string(),
-        shutdown_grace: Duration::from_millis(200),
-        ..Config::default()
-    };
-    tune(&mut config);
-    let server = Server::bind(config).await.expect("bind proxy");
-    let addr = server.local_addr().expect("addr");
-    tokio::spawn(server.run(std::future::pending()));
+    let (addr, _admin) = common::proxy_for(upstream, |c| {
+        c.poll_interval = Duration::from_millis(200);
+        c.heartbeat = Duration::ZERO;
+        c.proxy_id = id.to_string();
+        tune(c);
+    })
+    .await;
     addr
+}
+
+/// Trusts only 10.0.0.0/8: the loopback peers of these tests are strangers.
+fn distrust_loopback(c: &mut Config) {
+    c.set("trusted-downstream", "10.0.0.0/8")
+        .expect("an address range");
 }
 
 /// origin ← first ← edge, every tier with its default trust (loopback).
@@ -107,7 +105,7 @@ async fn two_tiers() -> (Origin, SocketAddr) {
     (origin, edge)
 }
 
-/// Sends a GET to `addr` on a new connection with `Host: host` (once) and
+/// Sends a GET to `addr` on a new connection with `Host: host` and
 /// `extra` headers, bounded in time.
 async fn send(
     addr: SocketAddr,
@@ -115,22 +113,9 @@ async fn send(
     host: &str,
     extra: &[(&str, &str)],
 ) -> Response<Incoming> {
-    let stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = Request::get(path).header("host", host);
-    for (name, value) in extra {
-        req = req.header(*name, *value);
-    }
-    let req = req.body(Empty::<Bytes>::new()).expect("request");
-    tokio::time::timeout(WAIT, sender.send_request(req))
-        .await
-        .expect("answered in time")
-        .expect("response")
+    let mut headers = vec![("host", host)];
+    headers.extend_from_slice(extra);
+    common::get(addr, path, &headers).await
 }
 
 /// The status and body of a GET of `path` at `addr` for `host`.
@@ -184,7 +169,11 @@ async fn each_tenant_gets_its_own_answer_through_two_tiers_one_after_another() {
         for host in [TENANT_A, TENANT_B] {
             let (status, body) = get(edge, "/doc", host, &[]).await;
             assert_eq!(status, 200, "round {round}, {host}");
-            assert_eq!(body, body_for(host), "round {round}: {host} got another view");
+            assert_eq!(
+                body,
+                body_for(host),
+                "round {round}: {host} got another view"
+            );
         }
     }
     assert_eq!(origin.saw(), [TENANT_A, TENANT_B], "hosts the origin saw");
@@ -225,8 +214,9 @@ async fn each_tenants_subscription_follows_its_own_view_through_two_tiers() {
 async fn each_tenant_gets_its_own_answer_through_three_tiers() {
     let origin = Origin::start().await;
     let first = tier("first", origin.addr, |_| {}).await;
-    let edge = tier("edge", first, |_| {}).await;
-    let third = tier("third", edge, |_| {}).await;
+    // Subscriptions between tiers over h2c, as deployed (README).
+    let edge = tier("edge", first, |c| c.upstream_h2c = true).await;
+    let third = tier("third", edge, |c| c.upstream_h2c = true).await;
     for host in [TENANT_A, TENANT_B] {
         assert_eq!(get(third, "/doc", host, &[]).await, (200, body_for(host)));
     }
@@ -242,10 +232,7 @@ async fn each_tenant_gets_its_own_answer_through_three_tiers() {
 #[tokio::test]
 async fn an_untrusted_clients_forwarded_host_is_overwritten() {
     let origin = Origin::start().await;
-    let first = tier("first", origin.addr, |c| {
-        c.set("trusted-downstream", "10.0.0.0/8").expect("cidr");
-    })
-    .await;
+    let first = tier("first", origin.addr, distrust_loopback).await;
     let forged = [("x-forwarded-host", TENANT_B)];
     assert_eq!(
         get(first, "/doc", TENANT_A, &forged).await,
@@ -260,10 +247,7 @@ async fn an_untrusted_clients_forwarded_host_is_overwritten() {
 async fn an_edge_overwrites_an_untrusted_clients_forwarded_host_and_the_first_tier_keeps_it() {
     let origin = Origin::start().await;
     let first = tier("first", origin.addr, |_| {}).await;
-    let edge = tier("edge", first, |c| {
-        c.set("trusted-downstream", "10.0.0.0/8").expect("cidr");
-    })
-    .await;
+    let edge = tier("edge", first, distrust_loopback).await;
     let forged = [("x-forwarded-host", TENANT_B)];
     assert_eq!(
         get(edge, "/doc", TENANT_A, &forged).await,
@@ -285,7 +269,13 @@ async fn a_trusted_peers_first_forwarded_host_counts_and_a_malformed_one_is_refu
         get(first, "/doc", "127.0.0.1", &listed).await,
         (200, body_for(TENANT_A))
     );
-    for bad in ["a b", "tenant-a.example/x", "user@tenant-a.example", "h:port", ""] {
+    for bad in [
+        "a b",
+        "tenant-a.example/x",
+        "user@tenant-a.example",
+        "h:port",
+        "",
+    ] {
         let (status, body) = get(first, "/doc", "127.0.0.1", &[("x-forwarded-host", bad)]).await;
         assert_eq!(status, 400, "X-Forwarded-Host {bad:?}: {body}");
     }
