@@ -903,6 +903,11 @@ async fn stalled_readers_at_an_edge_resume_with_at_most_three_updates() {
     assert!(edge.metric("collapsed_total").await >= 1.0);
 }
 
+/// A GET of `/doc` at `addr` naming `Version: version`.
+async fn version_get(addr: SocketAddr, version: &str) -> Response<Incoming> {
+    common::get(addr, "/doc", &[("host", PUBLIC_HOST), ("version", version)]).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing() {
     let origin = Origin::default();
@@ -911,13 +916,7 @@ async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing()
     let (_seen, _body) = follow_held(edge.addr, "/doc", "e1".into()).await;
     let before = shield.metric("requests_total").await;
     for _ in 0..5 {
-        let response = common::request(
-            edge.addr,
-            "GET",
-            "/doc",
-            &[("host", PUBLIC_HOST), ("version", "\"e1\"")],
-        )
-        .await;
+        let response = version_get(edge.addr, "\"e1\"").await;
         assert_eq!(response.status().as_u16(), 200);
         let status = response.headers()["cache-status"].to_str().expect("text");
         assert!(status.contains("\"edge\"; hit"), "{status}");
@@ -930,13 +929,7 @@ async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing()
         "none at the shield"
     );
     // Another version is not what the edge holds: the shield's to answer.
-    let response = common::request(
-        edge.addr,
-        "GET",
-        "/doc",
-        &[("host", PUBLIC_HOST), ("version", "\"e9\"")],
-    )
-    .await;
+    let response = version_get(edge.addr, "\"e9\"").await;
     let status = response.headers()["cache-status"].to_str().expect("text");
     assert!(!status.contains("\"edge\"; hit"), "{status}");
     assert!(
