@@ -5,7 +5,7 @@
 //! configuration ([`sample_toml`], `examples/deploy/braid-proxy.toml`).
 //! Flags override the file. Errors name the key.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -118,6 +118,15 @@ line per request)."
 
         /// Every key of the configuration file (the flag names without `--`).
         pub const KEYS: &[&str] = &[$($($key,)*)*];
+
+        /// Whether `key` takes a list (its flag may be repeated, its file
+        /// value may be a TOML array).
+        fn is_list(key: &str) -> bool {
+            match key {
+                $($( $key => declare_keys!(@list $($list)?), )*)*
+                _ => false,
+            }
+        }
 
         /// What the sample configuration says of every key, in its order.
         pub const KEY_DOCS: &[KeyDoc] = &[$($(
@@ -264,6 +273,10 @@ declare_keys! {
         list = true,
         parse cors_origins,
         "Browser origin allowed by CORS; repeatable (a list in the file); `*` allows any.";
+    trusted_downstream: TrustedPeers, "trusted-downstream", "CIDR[,CIDR...]", default ("127.0.0.0/8,::1"),
+        list = true,
+        parse TrustedPeers::parse,
+        "Peers (address ranges) whose X-Forwarded-Host names the client's host: downstream tiers of this proxy. From them the first X-Forwarded-Host is used for keys and forwarded as it is; from anyone else it is replaced by the request's Host (SECURITY.md, \"The forwarded host\"). Repeatable (a list in the file); empty trusts nobody.";
     shutdown_grace: Duration, "shutdown-grace", "DURATION", default ("10s"),
         parse parse_duration,
         "How long in-flight requests may finish on SIGINT/SIGTERM.";
@@ -359,6 +372,78 @@ impl Upstream {
 impl std::fmt::Display for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+/// An address range: an address and how many of its leading bits count
+/// (`10.0.0.0/8`, `fd00::/8`; a bare address is a range of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `ADDR/PREFIX` or `ADDR`; bits past the prefix are ignored.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let s = s.trim();
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("`{s}` is not an address range like 10.0.0.0/8 or ::1"))?;
+        let bits = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(p) => match p.parse::<u8>() {
+                Ok(p) if p <= bits => p,
+                _ => return Err(format!("`{s}`: the prefix length must be 0 to {bits}")),
+            },
+        };
+        Ok(Cidr { addr, prefix })
+    }
+
+    /// Whether `ip` is in the range (an IPv4-mapped IPv6 address counts as
+    /// its IPv4 address).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The peers whose `X-Forwarded-Host` is taken (`--trusted-downstream`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedPeers(Vec<Cidr>);
+
+impl TrustedPeers {
+    /// Parses comma-separated ranges; an empty list trusts nobody.
+    pub fn parse(v: &str) -> Result<TrustedPeers, String> {
+        v.split(',')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(Cidr::parse)
+            .collect::<Result<_, _>>()
+            .map(TrustedPeers)
+    }
+
+    /// Whether a connection from `peer` is a trusted downstream's.
+    pub fn contains(&self, peer: IpAddr) -> bool {
+        self.0.iter().any(|range| range.contains(peer))
     }
 }
 
@@ -464,8 +549,8 @@ impl Config {
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
-                // The one key that takes a list, as its flag is repeated.
-                toml::Value::Array(items) if key == "cors-origin" => items
+                // A key that takes a list, as its flag is repeated.
+                toml::Value::Array(items) if is_list(key) => items
                     .into_iter()
                     .map(|v| match v {
                         toml::Value::String(s) => Ok(s),
@@ -778,6 +863,11 @@ mod tests {
         assert_eq!(d.max_streams_per_connection, 10_000);
         assert!(d.upstream.is_none() && d.admin_listen.is_none() && d.admin_token.is_none());
         assert!(d.cors_origins.is_empty() && d.proxy_id.is_empty());
+        assert!(d.trusted_downstream.contains([127, 0, 0, 9].into()));
+        assert!(d
+            .trusted_downstream
+            .contains(std::net::Ipv6Addr::LOCALHOST.into()));
+        assert!(!d.trusted_downstream.contains([10, 0, 0, 1].into()));
         // multiplex::Limits keeps the same bounds for its own tests.
         let mux = crate::serve::multiplex::Limits::default();
         assert_eq!(
@@ -849,6 +939,54 @@ mod tests {
             .apply_toml(Path::new("t.toml"), "listne = \"127.0.0.1:1\"\n")
             .expect_err("refused");
         assert!(err.to_string().ends_with("unknown key `listne`"), "{err}");
+    }
+
+    #[test]
+    fn trusted_downstream_ranges_from_flags_and_toml() {
+        use clap::Parser;
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        let args = Args::try_parse_from([
+            "braid-proxy",
+            "--trusted-downstream",
+            "10.1.0.0/16",
+            "--trusted-downstream",
+            "fd00::/8,192.0.2.7",
+        ])
+        .expect("flags parse");
+        let c = Config::from_args(args).expect("accepted");
+        let trusted = &c.trusted_downstream;
+        assert!(trusted.contains(ip("10.1.200.3")) && !trusted.contains(ip("10.2.0.1")));
+        assert!(trusted.contains(ip("fd12::1")) && !trusted.contains(ip("fe80::1")));
+        assert!(trusted.contains(ip("192.0.2.7")) && !trusted.contains(ip("192.0.2.8")));
+        assert!(trusted.contains(ip("::ffff:10.1.0.1")), "IPv4-mapped");
+        assert!(
+            !trusted.contains(ip("127.0.0.1")),
+            "the flag replaces the default"
+        );
+        let mut t = Config::default();
+        t.apply_toml(
+            Path::new("t.toml"),
+            "trusted-downstream = [\"0.0.0.0/0\"]\n",
+        )
+        .expect("a list");
+        assert!(t.trusted_downstream.contains(ip("203.0.113.1")));
+        assert!(!t.trusted_downstream.contains(ip("::2")));
+        t.apply_toml(Path::new("t.toml"), "trusted-downstream = \"::/0\"\n")
+            .expect("a string");
+        assert!(t.trusted_downstream.contains(ip("::2")));
+        t.apply_toml(Path::new("t.toml"), "trusted-downstream = []\n")
+            .expect("nobody");
+        assert_eq!(t.trusted_downstream, TrustedPeers::default());
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0/8",
+            "example.com",
+            "10.0.0.0/x",
+        ] {
+            let err = t.set("trusted-downstream", bad).expect_err(bad);
+            assert!(err.to_string().contains("`trusted-downstream`"), "{err}");
+        }
     }
 
     #[test]

@@ -492,7 +492,7 @@ impl Router {
     /// watchers at once (write-through).
     async fn unsafe_method(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         let path = key_of(&req);
-        let host = proxy::request_host(&req);
+        let host = proxy::client_host(&req);
         let response = self.pass_through(req).await?;
         let status = response.status();
         if status.is_success() || status.is_redirection() {

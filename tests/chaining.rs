@@ -24,6 +24,12 @@ use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The host every client names, at whichever edge: the one public name a
+/// balancer serves. Each tier keys on the client's host, so clients of
+/// different edges share the shield's state only if they name the same
+/// one (tests/tiers_host.rs keeps different hosts apart).
+const PUBLIC_HOST: &str = "docs.example";
+
 /// A plain REST origin: path → (body, n), ETag `"eN"`. Records every
 /// request's path and `Via`.
 #[derive(Clone, Default)]
@@ -189,9 +195,9 @@ impl Tier {
 /// Sends one GET on a new connection; `subscribe` adds `Subscribe: true`.
 async fn request(addr: SocketAddr, path: &str, subscribe: bool) -> Response<Incoming> {
     let headers: &[(&str, &str)] = if subscribe {
-        &[("subscribe", "true")]
+        &[("host", PUBLIC_HOST), ("subscribe", "true")]
     } else {
-        &[]
+        &[("host", PUBLIC_HOST)]
     };
     common::get(addr, path, headers).await
 }
@@ -294,7 +300,7 @@ async fn follow_retrying(addr: SocketAddr, path: &str, until: String) -> (Seen, 
                 {
                     tokio::spawn(conn);
                     let mut req = Request::get(path)
-                        .header("host", addr.to_string())
+                        .header("host", PUBLIC_HOST)
                         .header("subscribe", "true");
                     if !seen.version.is_empty() {
                         req = req.header("parents", seen.version.to_header_value());
@@ -671,7 +677,7 @@ async fn stalled_download(
         .expect("handshake");
     tokio::spawn(conn);
     let req = Request::get(path)
-        .header("host", addr.to_string())
+        .header("host", PUBLIC_HOST)
         .header("authorization", "Bearer x")
         .body(Empty::<Bytes>::new())
         .expect("request");
@@ -897,6 +903,11 @@ async fn stalled_readers_at_an_edge_resume_with_at_most_three_updates() {
     assert!(edge.metric("collapsed_total").await >= 1.0);
 }
 
+/// A GET of `/doc` at `addr` naming `Version: version`.
+async fn version_get(addr: SocketAddr, version: &str) -> Response<Incoming> {
+    common::get(addr, "/doc", &[("host", PUBLIC_HOST), ("version", version)]).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing() {
     let origin = Origin::default();
@@ -905,7 +916,7 @@ async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing()
     let (_seen, _body) = follow_held(edge.addr, "/doc", "e1".into()).await;
     let before = shield.metric("requests_total").await;
     for _ in 0..5 {
-        let response = common::request(edge.addr, "GET", "/doc", &[("version", "\"e1\"")]).await;
+        let response = version_get(edge.addr, "\"e1\"").await;
         assert_eq!(response.status().as_u16(), 200);
         let status = response.headers()["cache-status"].to_str().expect("text");
         assert!(status.contains("\"edge\"; hit"), "{status}");
@@ -918,7 +929,7 @@ async fn a_get_of_the_version_a_subscribed_edge_holds_costs_the_shield_nothing()
         "none at the shield"
     );
     // Another version is not what the edge holds: the shield's to answer.
-    let response = common::request(edge.addr, "GET", "/doc", &[("version", "\"e9\"")]).await;
+    let response = version_get(edge.addr, "\"e9\"").await;
     let status = response.headers()["cache-status"].to_str().expect("text");
     assert!(!status.contains("\"edge\"; hit"), "{status}");
     assert!(

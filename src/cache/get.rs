@@ -36,7 +36,7 @@ pub struct Gets {
 impl Gets {
     /// The registry key of a request (its variant), and the host it named.
     pub fn request_key<B>(&self, req: &Request<B>) -> (Key, String) {
-        let host = proxy::request_host(req).unwrap_or_default();
+        let host = proxy::client_host(req).unwrap_or_default();
         let key = self.registry.key_for(&key_of(req), req.headers(), &host);
         (key, host)
     }

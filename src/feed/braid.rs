@@ -478,7 +478,7 @@ impl Relays {
         known_braid: bool,
     ) -> Result<Relayed, Refusal> {
         let path = path_of(&req);
-        let host = proxy::request_host(&req).unwrap_or_default();
+        let host = proxy::client_host(&req).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + self.config.response_timeout;
         // Let the I/O that is already in (such as the close of a client
         // that left just before this request came) be processed first, so
@@ -629,7 +629,7 @@ impl Relays {
     ) -> Result<Relayed, Refusal> {
         let template = proxy::watcher_template(&req, &self.config);
         let opener_headers = req.headers().clone();
-        let host = proxy::request_host(&req).unwrap_or_default();
+        let host = proxy::client_host(&req).unwrap_or_default();
         // Should this request be cancelled (its client gone) before the
         // upstream answers, the session must not stay pending.
         let _pending = Pending {

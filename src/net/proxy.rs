@@ -25,6 +25,9 @@ use crate::net::body::{self, Body, ClientFault};
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub local: SocketAddr,
+    /// The peer is in `--trusted-downstream` (decided at accept): its
+    /// `X-Forwarded-Host` names the host its own client asked for.
+    pub trusted: bool,
 }
 
 /// Pooled HTTP clients bound to the one configured upstream. Cheap to clone.
@@ -261,6 +264,7 @@ pub fn request_filter<B>(req: &Request<B>, config: &Config) -> Result<(), Refusa
     }
     check_header_limits(req.headers(), config)?;
     check_path(req.uri().path())?;
+    trusted_forwarded_host(req)?;
     if via_names(req.headers(), &config.proxy_id) {
         return Err(Refusal::Loop(config.proxy_id.clone()));
     }
@@ -426,8 +430,69 @@ pub fn append_via(headers: &mut HeaderMap, version: Version, id: &str) {
     }
 }
 
-/// The host a client request named: its absolute-form authority, else `Host`.
-pub fn request_host<B>(req: &Request<B>) -> Option<String> {
+/// The host a request is for, the one it is keyed on and that goes
+/// upstream as `X-Forwarded-Host`: a trusted downstream tier's
+/// `X-Forwarded-Host` (see [`trusted_forwarded_host`]), else the host the
+/// request itself named (its absolute-form authority, else `Host`). So
+/// every tier keys on the host the outermost client asked for.
+pub fn client_host<B>(req: &Request<B>) -> Option<String> {
+    match trusted_forwarded_host(req) {
+        Ok(Some(host)) => Some(host.to_string()),
+        // A malformed one is refused by `request_filter` before any use.
+        Ok(None) | Err(_) => named_host(req),
+    }
+}
+
+/// The `X-Forwarded-Host` of a request from a trusted downstream tier
+/// (`ConnInfo::trusted`): its first value, the outermost client's. None
+/// from anyone else, or when there is none; an error when the first value
+/// is not a `host[:port]`.
+pub fn trusted_forwarded_host<B>(req: &Request<B>) -> Result<Option<&str>, Refusal> {
+    let trusted = req
+        .extensions()
+        .get::<ConnInfo>()
+        .is_some_and(|c| c.trusted);
+    let Some(value) = req.headers().get(X_FORWARDED_HOST).filter(|_| trusted) else {
+        return Ok(None);
+    };
+    let first = value.as_bytes().split(|b| *b == b',').next().unwrap_or(b"");
+    let first = first.trim_ascii();
+    match std::str::from_utf8(first) {
+        Ok(host) if is_host_and_port(host) => Ok(Some(host)),
+        _ => Err(Refusal::BadRequest(format!(
+            "X-Forwarded-Host {:?} is not a host[:port]",
+            String::from_utf8_lossy(first)
+        ))),
+    }
+}
+
+const X_FORWARDED_HOST: &str = "x-forwarded-host";
+
+/// `host[:port]`: a DNS name or IPv4 address (letters, digits, `-`, `.`,
+/// `_`) or a bracketed IPv6 address, and an optional decimal port.
+fn is_host_and_port(s: &str) -> bool {
+    let (host, port) = match s.rsplit_once(':') {
+        Some((host, port)) if !host.starts_with('[') || host.ends_with(']') => (host, Some(port)),
+        _ => (s, None),
+    };
+    let port_ok = port.map_or(true, |p| {
+        p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+    });
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host.len() <= 253
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        }
+    };
+    port_ok && host_ok
+}
+
+/// The host a request named: its absolute-form authority, else `Host`.
+fn named_host<B>(req: &Request<B>) -> Option<String> {
     req.uri()
         .authority()
         .map(|a| a.as_str().to_string())
@@ -469,7 +534,7 @@ pub fn watcher_template<B>(req: &Request<B>, config: &Config) -> HeaderMap {
         req.headers().clone(),
         req.version(),
         req.extensions().get::<ConnInfo>(),
-        request_host(req),
+        client_host(req),
         config,
     );
     for name in [
@@ -511,7 +576,7 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::net::body::BoxError>,
 {
-    let host = request_host(&req);
+    let host = client_host(&req);
     let own_connection = needs_own_connection(&req);
     let (parts, incoming) = req.into_parts();
     let target = parts
@@ -579,8 +644,11 @@ fn forwarded_for(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<
         }
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    // The client's own `X-Forwarded-Host` never goes on as it is: a
+    // trusted tier's first value is `host` already, anyone else's is not.
+    headers.remove(X_FORWARDED_HOST);
     if let Some(v) = host.and_then(|h| HeaderValue::from_str(&h).ok()) {
-        headers.insert("x-forwarded-host", v);
+        headers.insert(X_FORWARDED_HOST, v);
     }
 }
 
@@ -696,6 +764,53 @@ mod tests {
                 entry.split_whitespace().nth(1).map(str::as_bytes),
                 "{entry:?}"
             );
+        }
+    }
+
+    #[test]
+    fn forwarded_hosts_from_trusted_peers_only() {
+        let request = |trusted: bool, forwarded: &[&str]| {
+            let mut req = Request::get("/doc").header(header::HOST, "tier-1:8080");
+            for value in forwarded {
+                req = req.header(X_FORWARDED_HOST, *value);
+            }
+            let mut req = req.body(()).expect("request");
+            req.extensions_mut().insert(ConnInfo {
+                peer: "10.0.0.2:5000".parse().expect("addr"),
+                local: "10.0.0.1:8080".parse().expect("addr"),
+                trusted,
+            });
+            req
+        };
+        let host = |trusted, forwarded| client_host(&request(trusted, forwarded));
+        assert_eq!(host(true, &["a.example"]).as_deref(), Some("a.example"));
+        assert_eq!(
+            host(true, &[" a.example , b"]).as_deref(),
+            Some("a.example")
+        );
+        assert_eq!(
+            host(true, &["a.example:81", "b"]).as_deref(),
+            Some("a.example:81")
+        );
+        assert_eq!(host(true, &[]).as_deref(), Some("tier-1:8080"));
+        assert_eq!(host(false, &["a.example"]).as_deref(), Some("tier-1:8080"));
+        assert!(trusted_forwarded_host(&request(false, &["a b"])).is_ok());
+        for bad in [
+            "", "a b", "a/b", "u@a", "a:", "a:x", "a:65536", "::1", "[::1", "a:+80",
+        ] {
+            assert!(
+                trusted_forwarded_host(&request(true, &[bad])).is_err(),
+                "{bad:?}"
+            );
+        }
+        for good in [
+            "a",
+            "a-b.c_d",
+            "192.0.2.1:65535",
+            "[::1]",
+            "[2001:db8::1]:8080",
+        ] {
+            assert!(is_host_and_port(good), "{good:?}");
         }
     }
 

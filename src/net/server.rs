@@ -282,7 +282,12 @@ fn serve_connection(
         Ok(local) => local,
         Err(_) => return,
     };
-    let conn_info = ConnInfo { peer, local };
+    let trusted = router.config().trusted_downstream.contains(peer.ip());
+    let conn_info = ConnInfo {
+        peer,
+        local,
+        trusted,
+    };
     let mut closing = router.closing();
     let router = router.clone();
     let builder = builder.clone();
@@ -458,6 +463,7 @@ mod tests {
         let conn = ConnInfo {
             peer: "127.0.0.1:1".parse().expect("addr"),
             local: "127.0.0.1:2".parse().expect("addr"),
+            trusted: true,
         };
         let waiting = answer(router.clone(), request(), conn);
         let handle = router.handle(request(), conn);

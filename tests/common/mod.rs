@@ -86,6 +86,7 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Resp
 }
 
 /// Sends a request without a body on a new connection, bounded in time.
+/// `Host` is the address, unless `headers` names one.
 pub async fn request(
     addr: SocketAddr,
     method: &str,
@@ -97,10 +98,13 @@ pub async fn request(
         .await
         .expect("handshake");
     tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
+    let mut req = Request::builder().method(method).uri(path);
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        req = req.header("host", addr.to_string());
+    }
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
