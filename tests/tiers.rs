@@ -362,3 +362,80 @@ async fn third_tier() {
 async fn third_tier_over_h2c() {
     matrix(3, true).await;
 }
+
+/// Reads a subscription until an update whose body contains `want`.
+async fn until_body(body: &mut Incoming, want: &str) {
+    let mut seen = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while !String::from_utf8_lossy(&seen).contains(want) {
+            let frame = body
+                .frame()
+                .await
+                .expect("the stream goes on")
+                .expect("a frame");
+            if let Some(data) = frame.data_ref() {
+                seen.extend_from_slice(data);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no update with {want:?}: {:?}",
+            String::from_utf8_lossy(&seen)
+        )
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_and_refresh_reach_every_variant_and_every_subscriber() {
+    // `/lang` varies on Accept-Language; `/mine` is private. The body
+    // names the origin's generation, bumped by the test.
+    let generation = Arc::new(AtomicUsize::new(1));
+    let g = generation.clone();
+    let origin = common::serve(move |req| {
+        let g = g.load(Ordering::SeqCst);
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_string();
+        let (cc, body) = match req.uri().path() {
+            "/lang" => ("max-age=600", format!("{lang} n=g{g}.")),
+            _ => ("private, max-age=600", format!("mine n=g{g}.")),
+        };
+        Response::builder()
+            .header("vary", "Accept-Language")
+            .header("cache-control", cc)
+            .header("etag", format!("\"g{g}\""))
+            .body(Full::new(Bytes::from(body)))
+            .expect("response")
+    })
+    .await;
+    let (addr, admin) = common::proxy_for(origin, |_| {}).await;
+    for (action, target) in [("purge", "/purge?path="), ("refresh", "/refresh?path=")] {
+        let before = generation.load(Ordering::SeqCst);
+        let mut streams = Vec::new();
+        for (path, lang) in [
+            ("/lang", "en"),
+            ("/lang", "fr"),
+            ("/mine", "en"),
+            ("/mine", "en"),
+        ] {
+            let (seen, body) = subscribe(addr, path, &[("accept-language", lang)]).await;
+            assert_eq!(seen.n, format!("g{before}"), "{path} {lang}");
+            streams.push(body);
+        }
+        generation.fetch_add(1, Ordering::SeqCst);
+        // The update may be a patch: its version says what it is.
+        let now = format!("Version: \"g{}\"", before + 1);
+        for path in ["/lang", "/mine"] {
+            let answer = common::request(admin, "POST", &format!("{target}{path}"), &[]).await;
+            assert!(answer.status().is_success(), "{action} {path}");
+        }
+        for body in &mut streams {
+            until_body(body, &now).await;
+        }
+    }
+}

@@ -344,6 +344,12 @@ impl Gets {
     }
 }
 
+/// Whether a resource never held an answer (one made for first requests
+/// to wait on).
+fn never_held(resource: &Resource) -> bool {
+    resource.stored().is_none() && resource.head().seq == 0
+}
+
 /// See [`Gets::fetch`].
 async fn fetch(
     inner: Arc<Gets>,
@@ -471,7 +477,7 @@ async fn fetch(
     }
     let fwd = if stored.is_some() {
         "stale"
-    } else if resource.is_some() {
+    } else if resource.as_ref().is_some_and(|r| !never_held(r)) {
         "miss"
     } else {
         "uri-miss"
@@ -537,6 +543,13 @@ async fn fetch(
         Ok((t, None)) => (Ok(t), guard),
         Err(reason) => (Err(reason), guard),
     };
+    if let (Ok(t), Some(r)) = (&target, &resource) {
+        // The resource first requests waited on, left empty by an answer
+        // that went under another key, is not a variant of its own.
+        if !Arc::ptr_eq(t, r) && never_held(r) && r.subscribers() == 0 {
+            inner.registry.forget(r);
+        }
+    }
     let detail = match target {
         Err(reason) => {
             if let Some(resource) = &resource {

@@ -56,6 +56,25 @@ struct Variants {
     /// its answers are relayed, never polled, even a 404 without them.
     braid: bool,
     by_key: HashMap<String, Arc<Resource>>,
+    /// Resources taken out of `by_key` (one client's) while their
+    /// subscribers keep them: purge, refresh and writes still reach them.
+    /// Bounded by `--max-private-resources` (each holds a private slot).
+    detached: Vec<std::sync::Weak<Resource>>,
+}
+
+impl Variants {
+    /// The detached resources still held, forgetting those that are gone.
+    fn held_detached(&mut self) -> Vec<Arc<Resource>> {
+        let mut held = Vec::new();
+        self.detached.retain(|weak| match weak.upgrade() {
+            Some(r) if !r.gone.load(Relaxed) => {
+                held.push(r);
+                true
+            }
+            _ => false,
+        });
+        held
+    }
 }
 
 /// Limits of the registry.
@@ -229,12 +248,16 @@ impl Registry {
         self.private.load(Relaxed)
     }
 
-    /// Every tracked variant of `path`.
+    /// Every tracked variant of `path`, the detached ones that subscribers
+    /// still hold included.
     pub fn variants(&self, path: &str) -> Vec<Arc<Resource>> {
-        lock(&self.urls)
-            .get(path)
-            .map(|v| v.by_key.values().cloned().collect())
-            .unwrap_or_default()
+        let mut urls = lock(&self.urls);
+        let Some(variants) = urls.get_mut(path) else {
+            return Vec::new();
+        };
+        let mut all: Vec<Arc<Resource>> = variants.by_key.values().cloned().collect();
+        all.extend(variants.held_detached());
+        all
     }
 
     /// Takes `resource` out of the registry: no new request finds it; its
@@ -261,6 +284,10 @@ impl Registry {
         drop(slot);
         resource.detached.store(true, Relaxed);
         self.unlink(resource);
+        let mut urls = lock(&self.urls);
+        let variants = urls.entry(resource.key.clone()).or_default();
+        variants.held_detached();
+        variants.detached.push(Arc::downgrade(resource));
         Ok(())
     }
 
@@ -303,7 +330,11 @@ impl Registry {
                 self.metrics.resources.fetch_sub(1, Relaxed);
             }
             drop(variant);
-            if variants.by_key.is_empty() && !variants.braid && variants.vary == Vary::None {
+            if variants.by_key.is_empty()
+                && !variants.braid
+                && variants.vary == Vary::None
+                && variants.held_detached().is_empty()
+            {
                 urls.remove(&resource.key);
             }
         }
