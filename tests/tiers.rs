@@ -439,3 +439,34 @@ async fn purge_and_refresh_reach_every_variant_and_every_subscriber() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_do_not_queue_behind_an_answer_that_cannot_be_stored() {
+    // Every answer is `no-store` and takes 300 ms: after the first, the
+    // GETs that waited for it go to the origin together, not in turn.
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (now, top) = (in_flight.clone(), most.clone());
+    let origin = common::serve_async(move |_req: Request<Incoming>| {
+        let (now, top) = (now.clone(), top.clone());
+        async move {
+            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+            top.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            Response::builder()
+                .header("cache-control", "no-store")
+                .body(Full::new(Bytes::from_static(b"fresh n=0.")))
+                .expect("response")
+        }
+    })
+    .await;
+    let (addr, _) = common::proxy_for(origin, |_| {}).await;
+    let asks = (0..5).map(|_| get(addr, "/uncacheable", &[]));
+    let answers = futures_util::future::join_all(asks).await;
+    assert_eq!(answers.len(), 5);
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "the waiters were sent one at a time"
+    );
+}

@@ -207,7 +207,16 @@ impl Gets {
                 {
                     return Ok(response);
                 }
-                guard
+                // The answer it waited for could not be stored: requests
+                // no longer queue behind each other for this variant.
+                if resource
+                    .uncacheable
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    None
+                } else {
+                    guard
+                }
             }
             _ => None,
         };
