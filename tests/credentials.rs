@@ -27,9 +27,11 @@ const REFUSED: &str = "token expired or revoked";
 
 /// An origin of one private document per bearer token: `secret v{n} for
 /// {token}` to a valid token, 401 with [`REFUSED`] to any other request.
-/// It counts the requests each token made.
+/// It counts the requests each token made. `forbidden`: it refuses with
+/// 403 instead.
 #[derive(Clone, Default)]
 struct Origin {
+    forbidden: bool,
     valid: Arc<Mutex<HashSet<String>>>,
     version: Arc<Mutex<u32>>,
     asked: Arc<Mutex<HashMap<String, usize>>>,
@@ -46,6 +48,15 @@ impl Origin {
 
     fn set_version(&self, n: u32) {
         *self.version.lock().unwrap() = n;
+    }
+
+    /// The status it refuses a credential with.
+    fn refusal(&self) -> u16 {
+        if self.forbidden {
+            403
+        } else {
+            401
+        }
     }
 
     fn asked(&self, token: &str) -> usize {
@@ -77,7 +88,7 @@ impl Origin {
                     .expect("response")
             } else {
                 Response::builder()
-                    .status(401)
+                    .status(origin.refusal())
                     .header("www-authenticate", "Bearer error=\"invalid_token\"")
                     .header("content-type", "text/plain")
                     .body(Full::new(Bytes::from(REFUSED)))
@@ -180,7 +191,7 @@ async fn ready_throughout(admin: SocketAddr, span: Duration) {
 }
 
 /// What a subscriber whose credential expires mid-stream is sent: the
-/// origin's 401 (status line, `WWW-Authenticate`, its body) as an update,
+/// origin's 401 or 403 (status line, `WWW-Authenticate`, its body) as an update,
 /// promptly, and then the end of its stream.
 async fn expiry_reaches_the_subscriber(origin: &Origin, front: SocketAddr) {
     let (mut stream, mut seen) = subscribe(front, "tokenA").await;
@@ -199,7 +210,11 @@ async fn expiry_reaches_the_subscriber(origin: &Origin, front: SocketAddr) {
     );
     read_to_end_of_stream(&mut stream, &mut seen, Duration::from_secs(5)).await;
     let body = String::from_utf8_lossy(&dechunk(&seen)).to_string();
-    let denial = &body[body.find("HTTP/1.1 401").expect("a 401 update")..];
+    let status_line = match origin.refusal() {
+        401 => "HTTP/1.1 401 Unauthorized",
+        _ => "HTTP/1.1 403 Forbidden",
+    };
+    let denial = &body[body.find(status_line).expect("a 401 or 403 update")..];
     assert!(
         denial.contains("www-authenticate: Bearer error=\"invalid_token\""),
         "{denial:?}"
@@ -235,15 +250,18 @@ async fn expiry_mid_stream_sends_the_401_and_ends_the_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expiry_mid_stream_at_an_edge_sends_the_401_and_ends_the_stream() {
-    let origin = Origin::default();
+async fn expiry_mid_stream_at_an_edge_sends_the_403_and_ends_the_stream() {
+    let origin = Origin {
+        forbidden: true,
+        ..Origin::default()
+    };
     origin.allow("tokenA");
     origin.set_version(1);
     let (first, first_admin) = proxy(origin.start().await).await;
     let (edge, edge_admin) = proxy(first).await;
     expiry_reaches_the_subscriber(&origin, edge).await;
     let again = plain_answer(edge, "tokenA").await;
-    assert!(again.starts_with("HTTP/1.1 401"), "{again:?}");
+    assert!(again.starts_with("HTTP/1.1 403"), "{again:?}");
     assert!(again.contains(REFUSED), "{again:?}");
     ready_throughout(edge_admin, Duration::from_secs(4)).await;
     ready_throughout(first_admin, Duration::from_millis(300)).await;
