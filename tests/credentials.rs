@@ -140,37 +140,34 @@ async fn read_to_end_of_stream(stream: &mut TcpStream, seen: &mut Vec<u8>, limit
 
 /// Reads a whole plain (non-209) answer to a subscription request: head and body.
 async fn plain_answer(proxy: SocketAddr, token: &str) -> String {
-    let (mut stream, _) = subscribe(proxy, token).await;
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = String::from_utf8_lossy(&out).to_string();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let len = text[..end]
-                .lines()
-                .find_map(|l| {
-                    l.to_ascii_lowercase()
-                        .strip_prefix("content-length: ")
-                        .map(|v| v.trim().parse::<usize>().expect("length"))
-                })
-                .unwrap_or(0);
-            if out.len() >= end + 4 + len && !text.starts_with("HTTP/1.1 209") {
-                return text;
-            }
-            assert!(
-                !text.starts_with("HTTP/1.1 209"),
-                "a refused credential was answered with a subscription: {text:?}"
-            );
-        }
-        assert!(Instant::now() < deadline, "no whole answer: {text:?}");
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-            .await
-            .expect("read in time")
-            .expect("read");
-        assert!(n > 0, "closed early: {text:?}");
-        out.extend_from_slice(&buf[..n]);
+    let (mut stream, mut seen) = subscribe(proxy, token).await;
+    read_until(&mut stream, &mut seen, |t| {
+        t.starts_with("HTTP/1.1 209") || is_whole(t)
+    })
+    .await;
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(
+        !text.starts_with("HTTP/1.1 209"),
+        "a refused credential was answered with a subscription: {text:?}"
+    );
+    text
+}
+
+/// Whether `text` holds a whole response: its head, and its body by
+/// `Content-Length` or to the last chunk.
+fn is_whole(text: &str) -> bool {
+    let Some(end) = text.find("\r\n\r\n") else {
+        return false;
+    };
+    let head = text[..end].to_ascii_lowercase();
+    if head.contains("transfer-encoding: chunked") {
+        return text[end..].ends_with("\r\n0\r\n\r\n");
     }
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse::<usize>().expect("length"));
+    text.len() >= end + 4 + len
 }
 
 /// `/readyz` answers 200 at every look over `span`.
