@@ -351,3 +351,70 @@ async fn another_credentials_subscriber_is_unaffected_and_a_new_one_gets_the_cur
     .await;
     ready_throughout(admin, Duration::from_millis(500)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_origin_refusing_the_first_subscription_is_answered_with_its_401() {
+    // `--upstream-kind rest`: the proxy polls for the first state itself.
+    let origin = Origin::default();
+    origin.set_version(1);
+    let (front, admin) = common::proxy_for(origin.start().await, |c| {
+        c.poll_interval = POLL;
+        c.upstream_kind = braid_proxy::config::UpstreamKind::Rest;
+    })
+    .await;
+    let refused = plain_answer(front, "tokenA").await;
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused:?}");
+    assert!(refused.contains(REFUSED), "{refused:?}");
+    assert!(
+        refused.contains("www-authenticate: Bearer error=\"invalid_token\""),
+        "{refused:?}"
+    );
+    origin.allow("tokenA");
+    let (mut a, mut seen) = subscribe(front, "tokenA").await;
+    read_until(&mut a, &mut seen, |t| t.contains("secret v1 for tokenA")).await;
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 209"));
+    ready_throughout(admin, Duration::from_millis(500)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_counts_a_4xx_as_an_answer_and_a_5xx_as_none() {
+    use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
+    let status = Arc::new(AtomicU16::new(200));
+    let answer = status.clone();
+    let origin = common::serve(move |_req| {
+        let status = answer.load(Relaxed);
+        Response::builder()
+            .status(status)
+            .header("content-type", "text/plain")
+            .body(Full::new(Bytes::from(format!("answered {status}"))))
+            .expect("response")
+    })
+    .await;
+    let (front, admin) = proxy(origin).await;
+    let (mut sub, mut seen) = subscribe(front, "").await;
+    read_until(&mut sub, &mut seen, |t| t.contains("answered 200")).await;
+    // Answers about the request, not failures of the upstream.
+    status.store(429, Relaxed);
+    ready_throughout(admin, Duration::from_secs(4)).await;
+    // The upstream failing: red within the limit (3 s) plus the watcher's
+    // backoff since the 429s (bounded by the wait).
+    status.store(503, Relaxed);
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let answer = common::get(admin, "/readyz", &[]).await;
+        if answer.status() == 503 {
+            let reason = common::body_of(answer).await;
+            assert!(
+                String::from_utf8_lossy(&reason).contains("without an answer from the upstream"),
+                "{reason:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "/readyz stayed 200 with the origin answering 503"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(sub);
+}
