@@ -5,7 +5,9 @@
 //! subscribers, publishes what changed (the proxy is the Braid server
 //! here: it names the versions and diffs), revalidates when woken
 //! (write-through, the refresh hook, a plain GET of a stale state), backs
-//! off on errors, and ends after the resource has been idle. A Braid
+//! off on errors, and ends after the resource has been idle, or at once
+//! when the origin refuses its credentials (401, 403: its subscribers are
+//! sent that answer as their last update). A Braid
 //! upstream is not watched: its subscriptions are relayed
 //! ([`crate::feed::braid`]).
 
