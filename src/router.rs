@@ -214,41 +214,39 @@ impl Router {
             }
             let v = resource.validation();
             let age = v
-                .ok_at
+                .answered_at
                 .map_or(f64::INFINITY, |at| at.elapsed().as_secs_f64());
             ages.observe(age);
         }
         ages.render(
             &mut out,
             "validation_age_seconds",
-            "Per subscribed resource: seconds since its state was last validated (0 while a Braid upstream stream is live).",
+            "Per subscribed resource: seconds since its upstream last answered a revalidation (0 while a Braid upstream stream is live).",
         );
         out
     }
 
     /// Whether this proxy can serve: `Err` with the reason when the
     /// upstream's latest answer was a failure, or when a subscribed
-    /// resource has had neither a successful poll nor a live upstream
-    /// stream for three poll intervals (its watcher is wedged or failing).
+    /// resource has not heard from its upstream for three poll intervals
+    /// ([`Resource::unheard`]: its watcher is wedged, or the upstream
+    /// fails). An answer about one client (a 401 to its credentials, a
+    /// 404) is the upstream answering, never a reason.
     pub fn readiness(&self) -> Result<(), String> {
         if let Some(reason) = self.inner.client.health.down() {
             return Err(format!("upstream unreachable: {reason}"));
         }
-        let limit = self.inner.config.poll_interval.max(Duration::from_secs(1)) * 3;
+        let limit = crate::state::unheard_limit(self.inner.config.poll_interval);
         let stuck = self
             .inner
             .registry
             .all()
             .into_iter()
-            .filter(|r| r.subscribers() > 0)
-            .filter(|r| {
-                let v = r.validation();
-                v.ok_at.map_or(true, |at| at.elapsed() > limit)
-            })
+            .filter(|r| r.unheard(limit))
             .count();
         if stuck > 0 {
             return Err(format!(
-                "{stuck} subscribed resource(s) without a successful poll or live upstream stream for {limit:?}"
+                "{stuck} subscribed resource(s) without an answer from the upstream for {limit:?}"
             ));
         }
         Ok(())
@@ -645,6 +643,10 @@ impl Router {
         if created {
             // Its first state may have put the proxy over --state-bytes.
             inner.registry.refuse_if_full(&resource)?;
+        }
+        if let Some(denied) = crate::serve::subscribe::denial(&resource.head()) {
+            // The origin refused this request's credentials: its answer, not a 209.
+            return Ok(denied);
         }
         if resource.head().seq == 0 {
             return Err(resource.refusal().unwrap_or_else(|| Refusal::UpstreamBroken(

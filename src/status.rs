@@ -289,8 +289,8 @@ fn secs(d: Duration) -> f64 {
 /// The registry's resources, polled (or not yet known) variants: the
 /// [`MAX_LISTED`] most subscribed, described, and how many there are.
 fn polled(from: &Sources<'_>, config: &Config) -> (Vec<ResourceStatus>, usize) {
-    // As `/readyz`: three poll intervals without a successful poll is stale.
-    let stale_after = config.poll_interval.max(Duration::from_secs(1)) * 3;
+    // As `/readyz`: the one rule, `Resource::unheard`.
+    let limit = crate::state::unheard_limit(config.poll_interval);
     let mut all: Vec<_> = from
         .registry
         .all()
@@ -307,20 +307,27 @@ fn polled(from: &Sources<'_>, config: &Config) -> (Vec<ResourceStatus>, usize) {
         .into_iter()
         .map(|(subscribers, r)| {
             let head = r.head();
-            let ok_age = r.validation().ok_at.map(|at| at.elapsed());
-            let (health, healthy) = match (&head.state, ok_age) {
+            let answered_age = r.validation().answered_at.map(|at| at.elapsed());
+            let (health, healthy) = match (&head.state, answered_age) {
                 (State::Error { status, reason }, _) => {
                     (format!("error {status}: {reason}"), false)
                 }
                 _ if subscribers == 0 => ("not watched (no subscribers)".to_string(), true),
-                (_, None) => ("no successful poll yet".to_string(), false),
-                (_, Some(age)) if age > stale_after => (
-                    format!("no successful poll for {:.1} s", age.as_secs_f64()),
+                (_, None) => ("no answer from the upstream yet".to_string(), false),
+                (_, Some(age)) if r.unheard(limit) => (
+                    format!("no answer from the upstream for {:.1} s", age.as_secs_f64()),
                     false,
                 ),
                 (State::Missing { status }, Some(age)) => (
                     format!(
                         "origin answers {status}, checked {:.1} s ago",
+                        age.as_secs_f64()
+                    ),
+                    true,
+                ),
+                (State::Denied { status, .. }, Some(age)) => (
+                    format!(
+                        "origin refused the credentials ({status}) {:.1} s ago",
                         age.as_secs_f64()
                     ),
                     true,

@@ -5,7 +5,9 @@
 //! subscribers, publishes what changed (the proxy is the Braid server
 //! here: it names the versions and diffs), revalidates when woken
 //! (write-through, the refresh hook, a plain GET of a stale state), backs
-//! off on errors, and ends after the resource has been idle. A Braid
+//! off on errors, and ends after the resource has been idle, or at once
+//! when the origin refuses its credentials (401, 403: its subscribers are
+//! sent that answer as their last update). A Braid
 //! upstream is not watched: its subscriptions are relayed
 //! ([`crate::feed::braid`]).
 
@@ -80,9 +82,9 @@ impl Watchers {
             }
             let subscribed = w.resource.subscribers() > 0;
             if !std::mem::take(&mut skip) && (woken || subscribed) {
-                let ok = self.poll_once(&mut w).await;
-                w.resource.validated(ok);
-                poll_backoff = if ok {
+                let heard = self.poll_once(&mut w).await;
+                w.resource.validated(heard.answered());
+                poll_backoff = if heard == Heard::Recorded {
                     None
                 } else {
                     Some(poll_backoff.map_or(self.poll_interval, |b| (b * 2).min(MAX_BACKOFF)))
@@ -118,8 +120,8 @@ impl Watchers {
             validators: Validators::default(),
         };
         let sent = (timing.request_time, ticket, Validators::default());
-        let ok = self.absorb_plain(&mut w, response, sent).await;
-        resource.validated(ok);
+        let heard = self.absorb_plain(&mut w, response, sent).await;
+        resource.validated(heard.answered());
     }
 
     /// True once the proxy shuts down (or is gone).
@@ -188,22 +190,22 @@ impl Watchers {
         Ok(req)
     }
 
-    /// One conditional request; publishes what changed. False on failure.
-    async fn poll_once(&self, w: &mut Watch) -> bool {
+    /// One conditional request; publishes what changed.
+    async fn poll_once(&self, w: &mut Watch) -> Heard {
         match self.send(w).await {
             Ok((response, sent)) => self.absorb_plain(w, response, sent).await,
             Err(reason) => {
                 // Logged once, where the failure enters: UpstreamHealth.
                 debug!(resource = w.resource.key(), %reason, "poll failed");
-                false
+                Heard::Nothing
             }
         }
     }
 
-    /// Publishes what a plain (non-209) response to the watcher says. False
-    /// when unusable. `sent`: when its request was sent, its ticket, and
-    /// the validators it carried.
-    async fn absorb_plain(&self, w: &mut Watch, response: Response<Incoming>, sent: Sent) -> bool {
+    /// Publishes what a plain (non-209) response to the watcher says.
+    /// `sent`: when its request was sent, its ticket, and the validators
+    /// it carried.
+    async fn absorb_plain(&self, w: &mut Watch, response: Response<Incoming>, sent: Sent) -> Heard {
         let resource = w.resource.clone();
         let status = response.status();
         let (request_time, ticket, asked) = sent;
@@ -219,7 +221,10 @@ impl Watchers {
                 w.validators = Validators::default();
                 resource.wake.notify_one();
             }
-            return true;
+            return Heard::Recorded;
+        }
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            return self.denied(&resource, response, ticket).await;
         }
         if !matches!(
             status,
@@ -230,11 +235,15 @@ impl Watchers {
                 status = status.as_u16(),
                 "origin answered with an unusable status"
             );
-            return false;
+            // A 5xx says the upstream failed; anything else was its answer.
+            return match status.is_server_error() {
+                true => Heard::Nothing,
+                false => Heard::Unusable,
+            };
         }
         if let Err(refusal) = self.check_shareable(&resource, response.headers()) {
             warn!(resource = resource.key(), %refusal, "cannot track this resource");
-            return false;
+            return Heard::Unusable;
         }
         w.validators = Validators {
             etag: response.headers().get(header::ETAG).cloned(),
@@ -262,11 +271,11 @@ impl Watchers {
                     let change = Change::derived(too_large(self.max_body_bytes));
                     recording.publish(change, &self.history, &self.tuning, &self.metrics);
                 }
-                return true;
+                return Heard::Recorded;
             }
             Err(BodyFailure::Broken(reason)) => {
                 warn!(resource = resource.key(), %reason, "origin body failed");
-                return false;
+                return Heard::Nothing;
             }
         };
         // The watcher asked for no content coding; a stored copy for plain
@@ -283,7 +292,52 @@ impl Watchers {
             (timing, ticket),
             for_gets,
         );
-        true
+        Heard::Recorded
+    }
+
+    /// Records a 401 or 403 to the watcher's poll: the origin refused the
+    /// credentials (or their absence) this resource's requests carry. Its
+    /// subscribers are sent the origin's answer as their last update
+    /// ([`State::Denied`]: their streams then end), and the resource is
+    /// forgotten, so that its watcher stops polling with that credential
+    /// and the next request with it starts afresh at the origin.
+    async fn denied(
+        &self,
+        resource: &Arc<Resource>,
+        response: Response<Incoming>,
+        ticket: Ticket,
+    ) -> Heard {
+        let (parts, body) = response.into_parts();
+        let body = match self.read_body(crate::net::body::incoming(body)).await {
+            Ok(body) => body,
+            // Its status is what matters; a body over the limit is not kept.
+            Err(BodyFailure::TooLarge) => Bytes::new(),
+            Err(BodyFailure::Broken(reason)) => {
+                warn!(resource = resource.key(), %reason, "origin body failed");
+                return Heard::Nothing;
+            }
+        };
+        let Some(recording) = resource.record(ticket) else {
+            // An answer to a later request is recorded: the next poll tells.
+            resource.wake.notify_one();
+            return Heard::Unusable;
+        };
+        debug!(
+            resource = resource.key(),
+            status = parts.status.as_u16(),
+            "origin refused the credentials; its subscribers are told and the resource forgotten"
+        );
+        let state = State::denied(parts.status, &parts.headers, body);
+        recording.publish(
+            Change::derived(state),
+            &self.history,
+            &self.tuning,
+            &self.metrics,
+        );
+        drop(recording);
+        resource.set_stored(None);
+        self.registry.forget(resource);
+        Heard::Recorded
     }
 
     /// Detaches `resource` when the origin's answer shows that it is not
@@ -481,6 +535,25 @@ fn text_header(headers: &http::HeaderMap, name: header::HeaderName) -> Option<St
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
+}
+
+/// What one poll heard from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heard {
+    /// An answer, recorded (a 200, 304, 404, 410, 401 or 403).
+    Recorded,
+    /// An answer it could not use (another 4xx, a 3xx, one it cannot
+    /// track): the upstream answered; the watcher backs off.
+    Unusable,
+    /// No answer: no connection, a timeout, a broken body, or a 5xx.
+    Nothing,
+}
+
+impl Heard {
+    /// Whether the upstream answered, for readiness ([`Resource::unheard`]).
+    fn answered(self) -> bool {
+        self != Heard::Nothing
+    }
 }
 
 /// When a poll was sent, its ticket, and the validators it carried.

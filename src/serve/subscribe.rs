@@ -287,6 +287,30 @@ fn subscription_vary(vary: &cache::Vary) -> HeaderValue {
     }
 }
 
+/// The origin's 401 or 403 as a plain answer, when `head` is one
+/// ([`State::Denied`]): what a subscription request gets in place of a
+/// 209 (a 209 whose stream ends after one denial would have braid-http's
+/// `retry` reconnect for ever; it gives up on a plain 401 or 403).
+pub fn denial(head: &Head) -> Option<Response<Body>> {
+    let State::Denied {
+        status,
+        headers,
+        body: denied,
+    } = &head.state
+    else {
+        return None;
+    };
+    let mut response = Response::new(body::full(denied.clone()));
+    *response.status_mut() = StatusCode::from_u16(*status).ok()?;
+    let h = response.headers_mut();
+    for (name, value) in headers {
+        h.append(name.clone(), value.clone());
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(denied.len()));
+    Some(response)
+}
+
 /// How a plain GET was answered, for `Cache-Status` (RFC 9211).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {

@@ -11,6 +11,7 @@ pub mod window;
 
 pub use registry::{Key, Registry, RegistryLimits};
 pub use resource::{
-    announced_version, derived_version, repr_digest, strong_etag, AnswerRules, Change, Head,
-    History, Kind, Memo, Prepared, Recording, Resource, State, Stored, Ticket, Tuning, Validation,
+    announced_version, derived_version, repr_digest, strong_etag, unheard_limit, AnswerRules,
+    Change, Head, History, Kind, Memo, Prepared, Recording, Resource, State, Stored, Ticket,
+    Tuning, Validation, DENIAL_HEADERS,
 };

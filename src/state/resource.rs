@@ -39,6 +39,50 @@ pub enum State {
     Missing { status: u16 },
     /// The origin's answer could not be used (e.g. over the body limit).
     Error { status: u16, reason: String },
+    /// 401 or 403: the origin refused the credentials (or their absence)
+    /// the resource's requests carry. Its answer as the subscribers it
+    /// concerns get it: status, the headers in [`DENIAL_HEADERS`], body.
+    /// Final: their streams end after it, and nobody polls it again.
+    Denied {
+        status: u16,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: Bytes,
+    },
+}
+
+/// The headers of a 401 or 403 a [`State::Denied`] keeps: what describes
+/// its body and what tells the client how to authenticate. Not
+/// `Retry-After`: braid-http retries an answer that carries one.
+pub const DENIAL_HEADERS: [HeaderName; 3] = [
+    http::header::CONTENT_TYPE,
+    http::header::CONTENT_LANGUAGE,
+    http::header::WWW_AUTHENTICATE,
+];
+
+impl State {
+    /// The origin's 401 or 403 answer (see [`State::Denied`]).
+    pub fn denied(status: StatusCode, headers: &HeaderMap, body: Bytes) -> State {
+        let kept = DENIAL_HEADERS
+            .iter()
+            .flat_map(|name| {
+                headers
+                    .get_all(name)
+                    .iter()
+                    .map(|v| (name.clone(), v.clone()))
+            })
+            .collect();
+        State::Denied {
+            status: status.as_u16(),
+            headers: kept,
+            body,
+        }
+    }
+
+    /// Whether no update can follow this state for its subscribers: the
+    /// origin refused their credentials.
+    pub fn is_final(&self) -> bool {
+        matches!(self, State::Denied { .. })
+    }
 }
 
 /// What an origin's answer says about who may share it: the request
@@ -178,14 +222,16 @@ impl Head {
     pub fn status(&self) -> Option<u16> {
         match &self.state {
             State::Present { .. } | State::Unknown => None,
-            State::Missing { status } | State::Error { status, .. } => Some(*status),
+            State::Missing { status }
+            | State::Error { status, .. }
+            | State::Denied { status, .. } => Some(*status),
         }
     }
 
     /// The body of this state (empty when missing).
     pub fn body(&self) -> Bytes {
         match &self.state {
-            State::Present { body, .. } => body.clone(),
+            State::Present { body, .. } | State::Denied { body, .. } => body.clone(),
             State::Error { reason, .. } => Bytes::from(format!("{reason}\n")),
             _ => Bytes::new(),
         }
@@ -214,9 +260,13 @@ impl Head {
     /// The headers a snapshot of this state carries: the representation
     /// headers that describe its body, `Content-Type` and
     /// `Content-Language` (so a proxy following this one learns them with
-    /// the body; a coded body is never a Braid state), and `Repr-Digest`.
+    /// the body; a coded body is never a Braid state), a denial's own
+    /// headers ([`DENIAL_HEADERS`]), and `Repr-Digest`.
     fn snapshot_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let mut headers = Vec::new();
+        if let State::Denied { headers: kept, .. } = &self.state {
+            headers.extend(kept.iter().cloned());
+        }
         if let State::Present {
             content_type,
             language,
@@ -406,8 +456,17 @@ impl Drop for Resource {
 pub struct Validation {
     /// Bumped after every attempt, successful or not.
     pub generation: u64,
-    /// When the latest successful revalidation ended.
-    pub ok_at: Option<Instant>,
+    /// When the upstream last answered a revalidation: any well-formed
+    /// answer but a 5xx (a 401, 403, 404 or 410 about one client's
+    /// request is the upstream answering). What readiness reads
+    /// ([`Resource::unheard`]).
+    pub answered_at: Option<Instant>,
+}
+
+/// How long a subscribed resource may go without an answer from its
+/// upstream before `/readyz` turns red: three poll intervals, at least 3 s.
+pub fn unheard_limit(poll_interval: Duration) -> Duration {
+    poll_interval.max(Duration::from_secs(1)) * 3
 }
 
 /// Numbers the requests sent to origins, in the order they are sent
@@ -702,14 +761,28 @@ impl Resource {
         self.wake.notify_one();
     }
 
-    /// Records the end of a revalidation attempt.
-    pub fn validated(&self, ok: bool) {
+    /// Records the end of a revalidation attempt; `answered`: the
+    /// upstream answered it (see [`Validation::answered_at`]).
+    pub fn validated(&self, answered: bool) {
         self.validated.send_modify(|v| {
             v.generation += 1;
-            if ok {
-                v.ok_at = Some(Instant::now());
+            if answered {
+                v.answered_at = Some(Instant::now());
             }
         });
+    }
+
+    /// The readiness rule, the one place it is written: the resource has
+    /// subscribers and its upstream has not answered it for `limit`
+    /// ([`unheard_limit`]): its watcher is wedged or the upstream fails.
+    /// An answer about one client's request (401, 403, 404, 410, any 4xx)
+    /// is an answer; no answer, a broken one or a 5xx is not.
+    pub fn unheard(&self, limit: Duration) -> bool {
+        self.subscribers() > 0
+            && self
+                .validation()
+                .answered_at
+                .map_or(true, |at| at.elapsed() > limit)
     }
 
     /// The history position of a version, if it is the head or still in the window.
@@ -983,6 +1056,9 @@ fn version_of(state: &State) -> (VersionList, String) {
         State::Present { body, .. } => hasher.update(body),
         State::Missing { status } => hasher.update(format!("status {status}")),
         State::Error { status, reason } => hasher.update(format!("status {status} {reason}")),
+        // Named by its status alone: a denial whose body changes (a date
+        // in it, say) is still the one denial.
+        State::Denied { status, .. } => hasher.update(format!("status {status}")),
         State::Unknown => {}
     }
     let hash = hasher.finalize();
@@ -990,6 +1066,7 @@ fn version_of(state: &State) -> (VersionList, String) {
     // error, nothing for a missing resource.
     let digest = match state {
         State::Present { .. } => format_digest(&hash),
+        State::Denied { body, .. } => repr_digest(body),
         State::Error { reason, .. } => repr_digest(format!("{reason}\n").as_bytes()),
         _ => repr_digest(b""),
     };

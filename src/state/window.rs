@@ -19,8 +19,9 @@
 //! function as the view's step, without building a view.
 //!
 //! The polled feed's window is [`Polled`] (the resource's head, and its
-//! steps in the shared, byte-bounded history); the Braid feed's is the
-//! relayed session's (`crate::feed::braid`).
+//! steps in the shared, byte-bounded history; over once the head is a
+//! denial, [`super::State::Denied`]); the Braid feed's is the relayed
+//! session's (`crate::feed::braid`).
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -127,7 +128,7 @@ impl Window for Polled {
         let resource = self.resource.upgrade()?;
         let head = resource.head();
         let step = polled_step(&resource, &head, &self.history, &self.metrics, at);
-        Some((step, false))
+        Some((step, head.state.is_final()))
     }
 }
 
@@ -154,6 +155,11 @@ impl Frozen for PolledAt {
 
     fn hold(&self, chunk: Bytes) -> Bytes {
         counted(chunk, &self.resource)
+    }
+
+    /// A denial ends its subscribers' streams after they are sent it.
+    fn over(&self) -> bool {
+        self.head.state.is_final()
     }
 }
 
