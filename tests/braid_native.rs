@@ -27,12 +27,7 @@ impl Versions {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let addr = common::serve(move |req: Request<Incoming>| {
-            let named = |name: &str| {
-                req.headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            };
+            let named = |name: &str| common::header_text(req.headers(), name);
             let (version, parents) = (named("version"), named("parents"));
             log.lock().unwrap().push(format!(
                 "{} {}",
