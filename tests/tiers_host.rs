@@ -36,12 +36,7 @@ impl Origin {
         let forwarded_hosts: Arc<Mutex<Vec<String>>> = Arc::default();
         let log = forwarded_hosts.clone();
         let addr = common::serve(move |req: Request<Incoming>| {
-            let header = |name: &str| {
-                req.headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string)
-            };
+            let header = |name: &str| common::header_text(req.headers(), name);
             let forwarded = header("x-forwarded-host");
             log.lock()
                 .expect("lock")

@@ -123,12 +123,9 @@ impl Gets {
         let kind = self.kind_of(&key);
         if kind != Kind::Plain {
             // A Braid server's answer depends on the version asked for
-            // (`Vary: Version, Parents`, whether it says so or not).
-            for (name, value) in [("version", &braid.version), ("parents", &braid.parents)] {
-                if let Some(v) = value {
-                    let _ = write!(key.secondary, "\n{name}:{}", v.to_header_value());
-                }
-            }
+            // (`Vary: Version, Parents`, whether it says so or not): it is
+            // that version's, stored under what the request named.
+            key.secondary.push_str(&named_versions(&braid));
         }
         let resource = inner.registry.get(&key);
         if let Some(resource) = &resource {
@@ -248,7 +245,14 @@ impl Gets {
         if stored.version.as_ref().is_some_and(|v| *v != head.version) {
             return None;
         }
-        if let Some(live) = self.relays.newest_version(req, at.0) {
+        // An answer to a request that named its version is that version's
+        // whatever came since; one that named only `Parents` runs to the
+        // newest version the origin had, so it is held against the live one.
+        let live = match braid.version {
+            Some(_) => None,
+            None => self.relays.newest_version(req, at.0),
+        };
+        if let Some(live) = live {
             let said = stored
                 .headers
                 .get("version")
@@ -374,6 +378,15 @@ async fn fetch(
     let mut probe = Request::new(());
     *probe.method_mut() = req.method().clone();
     *probe.headers_mut() = req.headers().clone();
+    // What the request named of its versions, when the key was made with
+    // them (a resource not known to be plain, see `Gets::answer`).
+    let versioned = BraidRequest::parse(req.headers())
+        .map(|b| named_versions(&b))
+        .unwrap_or_default();
+    let versioned = match key.secondary.ends_with(&versioned) {
+        true => versioned,
+        false => String::new(),
+    };
     let template = proxy::watcher_template(&req, config);
     let credentials = req.headers().contains_key(header::AUTHORIZATION);
     let mut out = proxy::upstream_request(req, &inner.client, config)?;
@@ -521,9 +534,12 @@ async fn fetch(
             Some(reason) => Err(reason),
             None => {
                 let vary = cache::vary(response.headers());
-                let key = inner
+                let mut key = inner
                     .registry
                     .learn_vary(&key.path, &vary, probe.headers(), &host);
+                // A versioned answer stays under the versions its request
+                // named, as it was looked up: never the present's variant.
+                key.secondary.push_str(&versioned);
                 // An answer that goes into another resource than the one
                 // waited on (its `Vary` made another key) holds that one's
                 // lock until stored, taken under the registry's lock as it is
@@ -647,6 +663,21 @@ async fn fetch(
     };
     Metrics::inc(&inner.metrics.cache_misses_total);
     Ok(with_cache_status(response, &config.proxy_id, &detail))
+}
+
+/// What a request named of its versions (`Version`, `Parents`), as a
+/// suffix of its key: an answer to it is that version's, not the present
+/// (every Braid answer varies by them, spec/caching.md). Empty when it
+/// named none. Its names are not header names, so a `Vary` naming
+/// `Version` cannot make a key end the same way.
+fn named_versions(braid: &BraidRequest) -> String {
+    let mut out = String::new();
+    for (name, value) in [("version", &braid.version), ("parents", &braid.parents)] {
+        if let Some(v) = value {
+            let _ = write!(out, "\n:{name}:{}", v.to_header_value());
+        }
+    }
+    out
 }
 
 /// Adds this proxy's `Cache-Status` entry (RFC 9211).

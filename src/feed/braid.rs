@@ -1582,7 +1582,11 @@ fn silence_limit(headers: &HeaderMap) -> Option<Duration> {
         .map(|d| d * 2 + Duration::from_secs(5))
 }
 
-/// Whether an answer carries a header only a Braid server sends.
+/// Whether an answer carries a header only a Braid server sends: a Braid
+/// header, or the marks braidify (braid-http's server) puts on every answer,
+/// a plain GET's included: `Range-Request-Allow-Methods`,
+/// `Range-Request-Allow-Units`, and a `Vary` naming `Version` or `Parents`
+/// (a plain origin has no such request headers to vary by).
 pub fn braid_signs(headers: &HeaderMap) -> bool {
     [
         "version",
@@ -1590,9 +1594,18 @@ pub fn braid_signs(headers: &HeaderMap) -> bool {
         "parents",
         "subscribe",
         "patches",
+        "range-request-allow-methods",
+        "range-request-allow-units",
     ]
     .iter()
     .any(|h| headers.contains_key(*h))
+        || headers.get_all(http::header::VARY).iter().any(|line| {
+            line.to_str().is_ok_and(|line| {
+                line.split(',').map(str::trim).any(|name| {
+                    name.eq_ignore_ascii_case("version") || name.eq_ignore_ascii_case("parents")
+                })
+            })
+        })
 }
 
 /// The key under which requests share a session: the resource variant

@@ -131,6 +131,14 @@ pub async fn exchange(addr: SocketAddr, request: String) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A header's value as text, if it has one.
+pub fn header_text(headers: &http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 /// The whole body of a response.
 pub async fn body_of(response: Response<Incoming>) -> Bytes {
     use http_body_util::BodyExt;
