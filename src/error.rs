@@ -26,6 +26,11 @@ pub enum Refusal {
     UpstreamBroken(String),
     #[error("upstream timed out after {0:?} waiting for a response")]
     UpstreamTimeout(Duration),
+    /// The upstream's subscription stream for this request just ended on a
+    /// malformed update: not asked again until `retry_after` has passed.
+    /// (What was malformed is logged, not told: it quotes upstream bytes.)
+    #[error("the upstream's subscription stream was malformed; retry later")]
+    UpstreamMalformed { retry_after: Duration },
     #[error("{reason}")]
     Unavailable {
         reason: String,
@@ -85,7 +90,9 @@ impl Refusal {
             Refusal::BadRequest(_) | Refusal::ForeignHost => StatusCode::BAD_REQUEST,
             Refusal::Connect | Refusal::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Refusal::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Refusal::UpstreamUnreachable(_) | Refusal::UpstreamBroken(_) => StatusCode::BAD_GATEWAY,
+            Refusal::UpstreamUnreachable(_)
+            | Refusal::UpstreamBroken(_)
+            | Refusal::UpstreamMalformed { .. } => StatusCode::BAD_GATEWAY,
             Refusal::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Refusal::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::Loop(_) => StatusCode::LOOP_DETECTED,
@@ -114,7 +121,8 @@ impl Refusal {
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         match self {
-            Refusal::Unavailable { retry_after, .. } => {
+            Refusal::Unavailable { retry_after, .. }
+            | Refusal::UpstreamMalformed { retry_after, .. } => {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from(retry_after.as_secs().max(1)),

@@ -330,7 +330,7 @@ async fn malformed_upstream_updates_end_the_subscription_and_are_not_relayed() {
         "Version: \"v2\"\r\nParents: \"v1\"\r\nContent-Range: text [5:2]\r\nContent-Length: 3\r\n\r\nBAD\r\n",
         "\u{1}\u{2}BAD binary garbage\r\n\r\n",
     ];
-    let (upstream, _) = raw_braid_upstream(move |path| {
+    let (upstream, asked) = raw_braid_upstream(move |path| {
         let n: usize = path.trim_start_matches("/m").parse().unwrap_or(0);
         format!("{good}{}", bad[n % bad.len()]).into_bytes()
     })
@@ -350,13 +350,22 @@ async fn malformed_upstream_updates_end_the_subscription_and_are_not_relayed() {
             !text.contains("BAD"),
             "nothing malformed is relayed ({path}): {text}"
         );
-        // One who comes later does not get it either.
-        let (mut later, _) = subscribe_raw(addr, &path).await;
+        // One who comes later does not get it either: for a while the
+        // upstream is not asked again (clients that retry at once cannot
+        // make the proxy hammer it); they are told to come back later.
+        let (mut later, head) = subscribe_raw(addr, &path).await;
+        assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
         let text = String::from_utf8_lossy(&rest_of(&mut later).await).into_owned();
         assert!(
             !text.contains("BAD"),
             "nor to a later subscriber ({path}): {text}"
         );
+        assert!(
+            text.contains("malformed"),
+            "the reason, in one line: {text}"
+        );
+        assert_eq!(*asked.lock().expect("lock"), n + 1, "asked once per path");
     }
 }
 

@@ -74,6 +74,11 @@ pub struct Relays {
     sessions: Mutex<HashMap<String, Vec<Arc<Session>>>>,
     /// Bytes held by all sessions' windows, bounded by `--history-bytes`.
     window_bytes: Arc<AtomicUsize>,
+    /// Relay keys whose upstream stream just ended on a malformed update,
+    /// with when they may be asked again (at most
+    /// [`MAX_MALFORMED_KEYS`]): clients that retry at once do not make the
+    /// proxy ask a broken upstream again and again.
+    malformed: Mutex<HashMap<String, Instant>>,
     closing: watch::Receiver<bool>,
 }
 
@@ -376,6 +381,13 @@ const BLANK_LINES_WAIT: Duration = Duration::from_millis(20);
 /// `--max-body-bytes`.
 pub const UPDATE_HEADER_ROOM: usize = 64 * 1024;
 
+/// How long a relay key whose upstream stream was malformed is answered
+/// 502 without asking the upstream again.
+const MALFORMED_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Most relay keys remembered as malformed at once.
+const MAX_MALFORMED_KEYS: usize = 4096;
+
 /// What a blank entry costs in the window's byte count, beyond its bytes.
 const BLANK_OVERHEAD: usize = 64;
 
@@ -423,6 +435,7 @@ impl Relays {
             registry,
             sessions: Mutex::default(),
             window_bytes: Arc::default(),
+            malformed: Mutex::default(),
             closing,
         }
     }
@@ -488,6 +501,7 @@ impl Relays {
             // Made again each time: a session's 209 may have named a Vary.
             let key = self.registry.key_for(&path, req.headers(), &host);
             let rkey = relay_key(&key, req.headers());
+            self.refuse_if_malformed(&rkey)?;
             let (session, opener) = self.find_or_open(&path, &rkey, braid);
             if opener {
                 return self.open(req, session, known_braid).await;
@@ -526,6 +540,35 @@ impl Relays {
                 let session = self.register(&path, &rkey, braid);
                 return self.open(req, session, known_braid).await;
             }
+        }
+    }
+
+    /// The refusal for a request whose relay key's upstream stream was
+    /// malformed less than [`MALFORMED_BACKOFF`] ago.
+    fn refuse_if_malformed(&self, rkey: &str) -> Result<(), Refusal> {
+        let mut malformed = lock(&self.malformed);
+        let now = Instant::now();
+        match malformed.get(rkey) {
+            Some(until) if *until > now => Err(Refusal::UpstreamMalformed {
+                retry_after: *until - now,
+            }),
+            Some(_) => {
+                malformed.remove(rkey);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers that `rkey`'s upstream stream ended on a malformed update.
+    fn remember_malformed(&self, rkey: &str) {
+        let mut malformed = lock(&self.malformed);
+        let now = Instant::now();
+        if malformed.len() >= MAX_MALFORMED_KEYS {
+            malformed.retain(|_, until| *until > now);
+        }
+        if malformed.len() < MAX_MALFORMED_KEYS {
+            malformed.insert(rkey.to_string(), now + MALFORMED_BACKOFF);
         }
     }
 
@@ -855,6 +898,7 @@ impl Relays {
             }
         };
         if let Over::Malformed(_) = over {
+            self.remember_malformed(&lock(&session.key));
             warn!(
                 session = session.path,
                 why = over.describe(),
