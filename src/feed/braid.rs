@@ -79,6 +79,9 @@ pub struct Relays {
     /// [`MAX_MALFORMED_KEYS`]): clients that retry at once do not make the
     /// proxy ask a broken upstream again and again.
     malformed: Mutex<HashMap<String, Instant>>,
+    /// How many URLs have sessions (`sessions.len()`, kept under its lock):
+    /// a GET of a proxy without any skips the sessions' lock.
+    urls_followed: AtomicUsize,
     closing: watch::Receiver<bool>,
 }
 
@@ -436,6 +439,7 @@ impl Relays {
             sessions: Mutex::default(),
             window_bytes: Arc::default(),
             malformed: Mutex::default(),
+            urls_followed: AtomicUsize::new(0),
             closing,
         }
     }
@@ -602,15 +606,18 @@ impl Relays {
             .entry(path.to_string())
             .or_default()
             .push(session.clone());
+        self.urls_followed.store(sessions.len(), Relaxed);
         (session, true)
     }
 
     fn register(&self, path: &str, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
         let session = Self::new_session(path, rkey, braid);
-        lock(&self.sessions)
+        let mut sessions = lock(&self.sessions);
+        sessions
             .entry(path.to_string())
             .or_default()
             .push(session.clone());
+        self.urls_followed.store(sessions.len(), Relaxed);
         session
     }
 
@@ -643,6 +650,7 @@ impl Relays {
                 sessions.remove(&session.path);
             }
         }
+        self.urls_followed.store(sessions.len(), Relaxed);
     }
 
     /// Adds a subscriber to a live session at the place its request starts
@@ -809,6 +817,9 @@ impl Relays {
         version: Option<&VersionList>,
         proxy_id: &str,
     ) -> Option<Response<Body>> {
+        if self.urls_followed.load(Relaxed) == 0 {
+            return None;
+        }
         let known = {
             let sessions = lock(&self.sessions);
             // The view key is built only for a URL with sessions.
@@ -829,6 +840,9 @@ impl Relays {
     /// answer of another version is older than what that subscription's
     /// subscribers have, and is not served (spec/caching.md §2).
     pub fn newest_version<B>(&self, req: &Request<B>, key: &Key) -> Option<VersionList> {
+        if self.urls_followed.load(Relaxed) == 0 {
+            return None;
+        }
         let sessions: Vec<Arc<Session>> = {
             let sessions = lock(&self.sessions);
             let list = sessions.get(&key.path)?;
