@@ -438,7 +438,13 @@ impl Router {
             |_| (),
         )?;
         if inner.config.upstream_kind == UpstreamKind::Auto && resource.kind() == Kind::Unknown {
-            // Learn what this resource's upstream is (one GET) before
+            // An upstream that said on every answer from this directory
+            // that it takes range writes by PUT (a braidify server) applies
+            // them itself: the write is its own (spec/writes.md §1).
+            if inner.client.declares.declared_for(&path) {
+                return self.unsafe_method(req).await;
+            }
+            // Else learn what this resource's upstream is (one GET) before
             // applying patches a Braid server would apply itself.
             if self.learn_kind(&resource).await == Kind::Braid {
                 return self.unsafe_method(req).await;

@@ -234,3 +234,72 @@ async fn braidify_marks_keep_the_proxy_s_version_off_and_plain_stays_plain() {
         "a plain origin's GET gets the proxy's Version"
     );
 }
+
+/// braid-http's suite mounts handlers that only parse updates: a GET to
+/// them never answers. A patch PUT as the first request to such a
+/// resource, in a directory whose every answer so far carried braidify's
+/// `Range-Request-Allow-Methods: PATCH, PUT`, goes to the origin without
+/// a GET first; in a directory where one answer lacked it, the proxy
+/// still asks (and a plain origin's resource is written by the proxy).
+#[tokio::test]
+async fn a_directory_that_declares_range_writes_gets_patch_puts_without_a_probe() {
+    let gets = Arc::new(AtomicUsize::new(0));
+    let puts = Arc::new(AtomicUsize::new(0));
+    let (g, p) = (gets.clone(), puts.clone());
+    let origin = common::serve_async(move |req: Request<Incoming>| {
+        let (g, p) = (g.clone(), p.clone());
+        async move {
+            let path = req.uri().path().to_string();
+            let mut answer = Response::builder().header("content-type", "text/plain");
+            if !path.starts_with("/plain/") {
+                answer = answer.header("range-request-allow-methods", "PATCH, PUT");
+            }
+            if req.method() == http::Method::PUT {
+                p.fetch_add(1, Ordering::SeqCst);
+                return answer
+                    .body(Full::new(Bytes::from_static(b"applied")))
+                    .unwrap();
+            }
+            g.fetch_add(1, Ordering::SeqCst);
+            if path.contains("/parse-only") {
+                // A handler that only parses updates: no answer to a GET.
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            }
+            answer.body(Full::new(Bytes::from_static(b"doc"))).unwrap()
+        }
+    })
+    .await;
+    let (proxy, _) = common::proxy_for(origin, |_| ()).await;
+    // What the directory said so far: two answers, both declaring.
+    for path in ["/h/a", "/h/b"] {
+        let (status, _, _) = text(common::get(proxy, path, &[]).await).await;
+        assert_eq!(status, 200);
+    }
+    let before = gets.load(Ordering::SeqCst);
+    let patch = [("content-range", "text [0:0]"), ("content-length", "0")];
+    let response = common::request(proxy, "PUT", "/h/parse-only", &patch).await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(puts.load(Ordering::SeqCst), 1, "the origin applies it");
+    assert_eq!(gets.load(Ordering::SeqCst), before, "no GET first");
+    // A directory with an answer that did not declare it: the proxy asks.
+    let (status, _, _) = text(common::get(proxy, "/plain/a", &[]).await).await;
+    assert_eq!(status, 200);
+    let gets_before = gets.load(Ordering::SeqCst);
+    let response = common::request(
+        proxy,
+        "PUT",
+        "/plain/b",
+        &[("content-range", "text [0:0]"), ("content-length", "0")],
+    )
+    .await;
+    assert_ne!(response.status().as_u16(), 502);
+    assert!(
+        gets.load(Ordering::SeqCst) > gets_before,
+        "a GET to learn the resource before a patch is applied or sent"
+    );
+    assert_eq!(
+        puts.load(Ordering::SeqCst),
+        1,
+        "never a raw patch to a plain origin"
+    );
+}

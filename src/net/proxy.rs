@@ -49,6 +49,72 @@ pub struct UpstreamClient {
     metrics: Arc<Metrics>,
     /// The outcome of the latest requests and probes, for `/readyz`.
     pub health: Arc<UpstreamHealth>,
+    /// Where the upstream declares range writes on every answer.
+    pub declares: Arc<RangeWrites>,
+}
+
+/// What the upstream's answers declared about range writes, by directory
+/// (the path up to its last `/`): whether some carried
+/// `Range-Request-Allow-Methods` naming `PUT` (a braidify server sets it on
+/// every answer, before its handler runs), and whether some did not.
+/// At most [`MAX_DIRECTORIES`] directories are remembered.
+#[derive(Debug, Default)]
+pub struct RangeWrites {
+    dirs: std::sync::Mutex<std::collections::HashMap<String, Declared>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Declared {
+    yes: bool,
+    no: bool,
+}
+
+/// Most directories [`RangeWrites`] remembers.
+const MAX_DIRECTORIES: usize = 4096;
+
+/// The directory of a path: up to and including its last `/`.
+fn directory(path: &str) -> &str {
+    let path = path.split('?').next().unwrap_or(path);
+    path.rfind('/').map_or("/", |i| &path[..=i])
+}
+
+impl RangeWrites {
+    fn observe(&self, path: &str, status: http::StatusCode, headers: &HeaderMap) {
+        // A multiplexer's 293 (sent before a braidify server's own headers)
+        // and errors (from whatever fails) say nothing about the resource.
+        if status.as_u16() == 293 || status.is_server_error() {
+            return;
+        }
+        let declares = headers
+            .get_all("range-request-allow-methods")
+            .iter()
+            .any(|v| {
+                v.as_bytes()
+                    .split(|b| *b == b',')
+                    .any(|m| m.trim_ascii().eq_ignore_ascii_case(b"PUT"))
+            });
+        let dir = directory(path);
+        let mut dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = Declared {
+            yes: declares,
+            no: !declares,
+        };
+        if let Some(entry) = dirs.get_mut(dir) {
+            entry.yes |= seen.yes;
+            entry.no |= seen.no;
+        } else if dirs.len() < MAX_DIRECTORIES {
+            dirs.insert(dir.to_string(), seen);
+        }
+    }
+
+    /// Every answer the upstream gave from `path`'s directory (at least
+    /// one) declared that it takes range writes by `PUT`: a patch `PUT` to
+    /// a resource there whose kind is not known yet is the upstream's to
+    /// apply, as it says.
+    pub fn declared_for(&self, path: &str) -> bool {
+        let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        dirs.get(directory(path)).is_some_and(|d| d.yes && !d.no)
+    }
 }
 
 /// Whether the upstream answers: the time of the latest success and of the
@@ -139,6 +205,7 @@ impl UpstreamClient {
             response_timeout: config.response_timeout,
             metrics,
             health: Arc::default(),
+            declares: Arc::default(),
         }
     }
 
@@ -205,6 +272,7 @@ impl UpstreamClient {
                 .map_err(|_| Refusal::BadRequest("bad upstream authority".into()))?,
         );
         let fault = req.extensions_mut().remove::<ClientFault>();
+        let path = req.uri().path().to_string();
         let sent = std::time::Instant::now();
         let outcome = match tokio::time::timeout(self.response_timeout, client.request(req)).await {
             // The client's own body failed: its error, not the upstream's.
@@ -230,7 +298,9 @@ impl UpstreamClient {
             }
         };
         match &outcome {
-            Ok(_) => {
+            Ok(response) => {
+                self.declares
+                    .observe(&path, response.status(), response.headers());
                 self.metrics
                     .upstream_response_seconds
                     .observe(sent.elapsed().as_secs_f64());
@@ -676,6 +746,34 @@ pub async fn pass_through(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn range_writes_are_declared_by_directory() {
+        let writes = RangeWrites::default();
+        let mut marked = HeaderMap::new();
+        marked.insert(
+            "range-request-allow-methods",
+            HeaderValue::from_static("PATCH, PUT"),
+        );
+        let plain = HeaderMap::new();
+        let ok = http::StatusCode::OK;
+        writes.observe("/docs/a", ok, &marked);
+        writes.observe("/docs/b?x=1", ok, &marked);
+        writes.observe(
+            "/docs/c",
+            http::StatusCode::from_u16(293).expect("status"),
+            &plain,
+        );
+        writes.observe("/docs/d", http::StatusCode::BAD_GATEWAY, &plain);
+        writes.observe("/api/a", ok, &marked);
+        writes.observe("/api/b", ok, &plain);
+        assert!(writes.declared_for("/docs/new"));
+        assert!(!writes.declared_for("/api/new"), "one answer without it");
+        assert!(!writes.declared_for("/other/new"), "nothing seen");
+        assert!(!writes.declared_for("/docs/sub/new"), "another directory");
+        assert_eq!(directory("/a"), "/");
+        assert_eq!(directory("/a/b?c=/d"), "/a/");
+    }
 
     #[test]
     fn hop_by_hop_headers_go() {
