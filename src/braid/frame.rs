@@ -21,6 +21,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use super::decode::trim;
 use super::VersionList;
 
+/// Read-buffer capacity a framer keeps between updates; more is freed.
+const IDLE_CAPACITY: usize = 64 * 1024;
+
 /// One framed update: its bytes as received, and what indexes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Framed {
@@ -149,6 +152,10 @@ impl Framer {
                 // be much larger, and would stay allocated as long as it).
                 let raw = Bytes::copy_from_slice(&self.buf[..end]);
                 self.buf.advance(end);
+                if self.buf.is_empty() && self.buf.capacity() > IDLE_CAPACITY {
+                    // A large update's read buffer is not kept for the next.
+                    self.buf = BytesMut::new();
+                }
                 return Ok(Some(Piece::Update(Framed {
                     raw,
                     status: head.status,

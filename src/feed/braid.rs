@@ -220,6 +220,23 @@ impl Model {
         })
     }
 
+    /// The update bytes its body shares were replaced by `new` (the same
+    /// bytes and more): share those instead, so the old ones are freed.
+    fn rebase(&mut self, old: &Bytes, new: &Bytes) {
+        let Some(known) = self.known.as_mut() else {
+            return;
+        };
+        let (start, end) = (old.as_ptr() as usize, old.as_ptr() as usize + old.len());
+        let body = known.body.as_ptr() as usize;
+        if known.body.is_empty() || body < start || body + known.body.len() > end {
+            return;
+        }
+        let at = body - start;
+        if new.get(at..at + known.body.len()) == Some(&known.body[..]) {
+            known.body = new.slice(at..at + known.body.len());
+        }
+    }
+
     /// Applies one update received; what it did, or `None` when the
     /// update cannot be applied (the model is unknown from then on, until
     /// a snapshot).
@@ -1129,7 +1146,9 @@ impl Relays {
                 Ok(None) => return None,
                 Ok(Some(Piece::Blank(raw))) if after_update => {
                     window.framed(false);
-                    window.extend_last(&raw, &self.window_bytes);
+                    if let Some((old, new)) = window.extend_last(&raw, &self.window_bytes) {
+                        lock(&session.model).rebase(&old, &new);
+                    }
                     continue;
                 }
                 Ok(Some(Piece::Blank(raw))) => {
@@ -1453,15 +1472,17 @@ impl Received {
 
     /// Appends bytes to the newest entry (an update not yet visible to
     /// subscribers: the tick moves after the whole read is framed).
-    fn extend_last(&mut self, more: &[u8], total: &AtomicUsize) {
-        if let Some(last) = self.entries.back_mut() {
-            let mut joined = Vec::with_capacity(last.raw.len() + more.len());
-            joined.extend_from_slice(&last.raw);
-            joined.extend_from_slice(more);
-            last.raw = Bytes::from(joined);
-            self.bytes += more.len();
-            total.fetch_add(more.len(), Relaxed);
-        }
+    /// Returns the entry's bytes before and after, so that what shares the
+    /// old ones (the model's body) can follow them into the new.
+    fn extend_last(&mut self, more: &[u8], total: &AtomicUsize) -> Option<(Bytes, Bytes)> {
+        let last = self.entries.back_mut()?;
+        let mut joined = Vec::with_capacity(last.raw.len() + more.len());
+        joined.extend_from_slice(&last.raw);
+        joined.extend_from_slice(more);
+        let old = std::mem::replace(&mut last.raw, Bytes::from(joined));
+        self.bytes += more.len();
+        total.fetch_add(more.len(), Relaxed);
+        Some((old, last.raw.clone()))
     }
 
     /// Gives the window's bytes back to the total (the session is over).
