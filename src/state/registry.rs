@@ -27,8 +27,11 @@ impl Drop for PrivateSlot {
     }
 }
 
-/// Bytes a resource costs beyond its key and bodies, for the state cap.
-pub(super) const RESOURCE_OVERHEAD: usize = 1024;
+/// Bytes a resource costs beyond its key, headers and bodies, for the
+/// state cap: the resource itself, its channels and locks, its registry
+/// entry (an estimate; bench/state_rss.py's many-variant shapes measure
+/// what it leaves out).
+pub(super) const RESOURCE_OVERHEAD: usize = 2048;
 
 /// Where a resource sits in the registry: the URL (path and query), and
 /// the variant within it ([`cache::secondary_key`]).

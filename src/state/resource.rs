@@ -514,7 +514,8 @@ impl Resource {
         private: bool,
         total: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Resource {
-        let weight = key.path.len() + key.secondary.len() + RESOURCE_OVERHEAD;
+        let weight =
+            key.path.len() + key.secondary.len() + RESOURCE_OVERHEAD + header_bytes(&template);
         total.fetch_add(weight, Relaxed);
         Resource {
             id,
@@ -586,9 +587,10 @@ impl Resource {
         }
     }
 
-    /// Recounts this resource's bytes in the total: key, head body, the
-    /// head's frames (its update and, once built, its snapshot), the
-    /// stored answer's headers, and its body when it is not the head's.
+    /// Recounts this resource's bytes in the total: key, the request
+    /// headers its watcher sends, head body, the head's frames (its update
+    /// and, once built, its snapshot), the stored answer's headers, and its
+    /// body when it is not the head's.
     pub(crate) fn reweigh(&self) {
         let head = self.head();
         let head_body = head.body();
@@ -610,6 +612,7 @@ impl Resource {
         let weight = self.key.len()
             + lock(&self.variant).0.len()
             + RESOURCE_OVERHEAD
+            + header_bytes(&self.template)
             + head_body.len()
             + frames
             + stored_len;
