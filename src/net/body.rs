@@ -151,7 +151,7 @@ where
         .map_frame(|f| f.map_data(Chunk::plain))
         .map_err(move |e| {
             let e: BoxError = e.into();
-            let _ = record.0.set(crate::error::describe(&*e));
+            let _ = record.0.set(e.to_string());
             e
         })
         .boxed_unsync();
