@@ -124,6 +124,7 @@ impl Router {
             watchers: watchers.clone(),
             relays: relays.clone(),
             copies,
+            first: Default::default(),
         });
         let inner = Inner {
             config,

@@ -31,6 +31,43 @@ pub struct Gets {
     pub relays: Arc<Relays>,
     /// Bytes of origin answers being copied into state while they stream.
     pub copies: Arc<body::CopyBudget>,
+    /// The cache lock of first contact: concurrent first GETs of a variant
+    /// nothing is tracked for wait on one origin request.
+    pub first: FirstContact,
+}
+
+/// One lock per variant being fetched for the first time, held by the
+/// request that went to the origin until its answer is stored; the map
+/// holds them weakly, so it is as large as the first fetches in flight.
+#[derive(Default)]
+pub struct FirstContact {
+    locks: std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<FetchLock>>>,
+}
+
+type FetchLock = tokio::sync::Mutex<()>;
+
+/// How many times a GET is answered again after waiting on another's
+/// fetch (first contact, then the variant that answer named).
+const MAX_WAITS: u8 = 3;
+
+/// The locks a fetch holds until its answer is stored.
+type Held = Vec<tokio::sync::OwnedMutexGuard<()>>;
+
+impl FirstContact {
+    /// The lock of `key`'s first fetch (made if there is none).
+    fn lock_of(&self, key: &Key) -> Arc<FetchLock> {
+        let name = format!("{}\n{}", key.path, key.secondary);
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = locks.get(&name).and_then(std::sync::Weak::upgrade) {
+            return held;
+        }
+        if locks.len() >= 1024 {
+            locks.retain(|_, weak| weak.strong_count() > 0);
+        }
+        let made = Arc::new(FetchLock::default());
+        locks.insert(name, Arc::downgrade(&made));
+        made
+    }
 }
 
 impl Gets {
@@ -72,7 +109,7 @@ impl Gets {
         req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
-        let mut response = self.answer(req, braid, false).await?;
+        let mut response = self.answer(req, braid, 0).await?;
         if !self.config.keep_surrogate_key {
             // Meant for this cache (purging by tag), not for clients.
             const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
@@ -81,14 +118,16 @@ impl Gets {
         Ok(response)
     }
 
-    /// See [`Gets::get`]. `again`: this request waited on another's fetch
-    /// whose answer named a `Vary`, and is being answered under it.
+    /// See [`Gets::get`]. `waits`: how many times this request waited on
+    /// another's fetch and is being answered again after it (under the
+    /// `Vary` that answer named, or from what it stored); bounded.
     async fn answer(
         self: &Arc<Self>,
         req: Request<RequestBody>,
         braid: BraidRequest,
-        again: bool,
+        waits: u8,
     ) -> Result<Response<Body>, Refusal> {
+        let last_try = waits >= MAX_WAITS;
         let inner = self;
         let request_cc = cache::request_cache_control(req.headers());
         let h = req.headers();
@@ -160,21 +199,30 @@ impl Gets {
         if request_cc.only_if_cached {
             return Ok(only_if_cached_miss());
         }
-        // First contact: a resource to wait on, so that concurrent first
-        // requests of this variant share one origin request (a cache
-        // lock) until its answer says whether it may be shared.
-        let resource = match resource {
-            None if req.method() == Method::GET => inner
-                .registry
-                .get_or_create(
-                    &key,
-                    || proxy::watcher_template(&req, &inner.config),
-                    |_| (),
-                )
-                .ok()
-                .map(|(r, _, ())| r),
-            known => known,
-        };
+        // First contact: concurrent first requests of this variant share
+        // one origin request (a cache lock) until its answer says whether
+        // it may be shared; the lock holds no state (and no private slot).
+        if resource.is_none() && req.method() == Method::GET {
+            let lock = inner.first.lock_of(&key);
+            if let Ok(guard) = lock.clone().try_lock_owned() {
+                // The first: it asks the origin, the others wait for it.
+                return self.fetch(req, key, host, None, Some(guard)).await;
+            }
+            let waited = tokio::time::timeout(inner.config.response_timeout, lock.lock_owned())
+                .await
+                .ok();
+            drop(waited);
+            // Another request's answer came while this one waited: it is
+            // answered as any request for a tracked variant (or under the
+            // `Vary` that answer named); none tracked, that answer could
+            // not be stored, and this request asks on its own, holding
+            // nobody up (hit-for-pass).
+            let rekeyed = self.request_key(&req).0.vary != key.vary;
+            if !last_try && (rekeyed || inner.registry.get(&key).is_some()) {
+                return Box::pin(self.answer(req, braid, waits + 1)).await;
+            }
+            return self.fetch(req, key, host, None, None).await;
+        }
         let guard = match &resource {
             Some(resource)
                 if !resource
@@ -190,9 +238,9 @@ impl Gets {
                 // made under: this request is a variant of its own now,
                 // perhaps one that answer just stored (concurrent first
                 // requests of one view share one origin request).
-                if !again && self.request_key(&req).0.vary != key.vary {
+                if !last_try && self.request_key(&req).0.vary != key.vary {
                     drop(guard);
-                    return Box::pin(self.answer(req, braid, true)).await;
+                    return Box::pin(self.answer(req, braid, waits + 1)).await;
                 }
                 // Another request fetched while this one waited: its answer
                 // may do (as validated for this request when the origin
@@ -529,11 +577,25 @@ async fn fetch(
     };
     let not_stored = not_stored.or_else(|| copy.is_none().then_some("busy"));
     let mut response = proxy::downstream_response(response, config);
+    let mut first_held = None;
     let target: Result<(Arc<Resource>, Option<tokio::sync::OwnedMutexGuard<()>>), &'static str> =
         match not_stored {
             Some(reason) => Err(reason),
             None => {
                 let vary = cache::vary(response.headers());
+                if vary != key.vary {
+                    // Requests of the variant this answer goes under that
+                    // come before it is stored wait for it, as at first
+                    // contact (the lock is taken before the `Vary` is
+                    // recorded, so none of them can miss it).
+                    let mut next = Key {
+                        path: key.path.clone(),
+                        secondary: cache::secondary_key(probe.headers(), &host, &vary),
+                        vary: vary.clone(),
+                    };
+                    next.secondary.push_str(&versioned);
+                    first_held = inner.first.lock_of(&next).try_lock_owned().ok();
+                }
                 let mut key = inner
                     .registry
                     .learn_vary(&key.path, &vary, probe.headers(), &host);
@@ -563,18 +625,14 @@ async fn fetch(
                     })
             }
         };
-    let (target, guard) = match target {
-        Ok((t, Some(lock))) => (Ok(t), Some(lock)),
-        Ok((t, None)) => (Ok(t), guard),
-        Err(reason) => (Err(reason), guard),
+    let (target, guard): (_, Held) = match target {
+        Ok((t, Some(lock))) => (
+            Ok(t),
+            [Some(lock), first_held].into_iter().flatten().collect(),
+        ),
+        Ok((t, None)) => (Ok(t), [guard, first_held].into_iter().flatten().collect()),
+        Err(reason) => (Err(reason), guard.into_iter().collect()),
     };
-    if let (Ok(t), Some(r)) = (&target, &resource) {
-        // The resource first requests waited on, left empty by an answer
-        // that went under another key, is not a variant of its own.
-        if !Arc::ptr_eq(t, r) && never_held(r) && r.subscribers() == 0 {
-            inner.registry.forget(r);
-        }
-    }
     let detail = match target {
         Err(reason) => {
             if let Some(resource) = &resource {
@@ -700,7 +758,7 @@ async fn fetch_whole(
     target: Arc<Resource>,
     sent: (Timing, Ticket),
     fwd: &'static str,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    guard: Held,
 ) -> Result<Response<Body>, Refusal> {
     use http_body_util::BodyExt;
     let (parts, body) = response.into_parts();
