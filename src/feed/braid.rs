@@ -720,7 +720,7 @@ impl Relays {
                 return Err(refusal);
             }
         };
-        *lock(&session.request) = Some((out.uri().clone(), out.headers().clone()));
+        *lock(&session.request) = Some((out.uri().clone(), proxy::owned_headers(out.headers())));
         let sent = SystemTime::now();
         let ticket = Ticket::take();
         let response = match self.client.send_watch(out).await {
@@ -785,7 +785,7 @@ impl Relays {
         *lock(&session.head) = Some(RelayedHead {
             status: parts.status,
             reason: parts.extensions.get::<hyper::ext::ReasonPhrase>().cloned(),
-            headers: parts.headers,
+            headers: proxy::owned_headers(&parts.headers),
         });
         session.subscribers.fetch_add(1, Relaxed);
         session.tick.send_modify(|t| t.opened = Some(true));

@@ -442,6 +442,23 @@ fn second_token(entry: &[u8]) -> Option<&[u8]> {
     (second > 0).then(|| &rest[..second])
 }
 
+/// A copy of `headers` whose values own their bytes. hyper parses a
+/// message's header values as slices of its connection's read buffer (8 or
+/// 16 KiB), so a value kept after the message is gone keeps that whole
+/// buffer alive: what is held long (a watcher's template, a stored answer,
+/// a relayed head) is copied out.
+pub fn owned_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let Ok(mut copy) = HeaderValue::from_bytes(value.as_bytes()) else {
+            continue;
+        };
+        copy.set_sensitive(value.is_sensitive());
+        out.append(name.clone(), copy);
+    }
+    out
+}
+
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
 /// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -632,7 +649,7 @@ pub fn watcher_template<B>(req: &Request<B>, config: &Config) -> HeaderMap {
     ] {
         headers.remove(name);
     }
-    headers
+    owned_headers(&headers)
 }
 
 /// Builds the upstream request for a client request: same method, path,
