@@ -28,10 +28,11 @@ impl Drop for PrivateSlot {
 }
 
 /// Bytes a resource costs beyond its key, headers and bodies, for the
-/// state cap: the resource itself, its channels and locks, its registry
-/// entry (an estimate; bench/state_rss.py's many-variant shapes measure
-/// what it leaves out).
-pub(super) const RESOURCE_OVERHEAD: usize = 2048;
+/// state cap: the resource itself, its channels and locks, its history
+/// step and registry entry. Measured: a dhat profile of 1,000 `Vary`'d
+/// variants of 14 KB held 19.8 KB each, of which about 3.9 KB was none of
+/// body, key or headers (BENCHMARKS.md, "Issue 44's shapes").
+pub(super) const RESOURCE_OVERHEAD: usize = 4096;
 
 /// Where a resource sits in the registry: the URL (path and query), and
 /// the variant within it ([`cache::secondary_key`]).
