@@ -27,7 +27,14 @@ pub fn encode(update: &Update) -> Bytes {
     if !update.parents.is_empty() {
         let _ = write!(head, "Parents: {}\r\n", update.parents.to_header_value());
     }
-    let mut out = BytesMut::with_capacity(head.len() + body_len(&update.body) + 64);
+    // Sized for all of it, so a large body is never copied into a buffer
+    // twice its size (growing a full buffer doubles it).
+    let extra: usize = update
+        .extra_headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    let mut out = BytesMut::with_capacity(head.len() + extra + body_len(&update.body) + 64);
     out.put_slice(head.as_bytes());
     for (name, value) in &update.extra_headers {
         out.put_slice(name.as_str().as_bytes());

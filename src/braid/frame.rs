@@ -109,6 +109,16 @@ impl Framer {
         self.buf.extend_from_slice(chunk);
     }
 
+    /// Drops `n` framed bytes from the front; a read buffer grown large
+    /// for one update is not kept once it is empty (a session would hold
+    /// one as large as its largest update for as long as it lives).
+    fn consume(&mut self, n: usize) {
+        self.buf.advance(n);
+        if self.buf.is_empty() && self.buf.capacity() > IDLE_CAPACITY {
+            self.buf = BytesMut::new();
+        }
+    }
+
     /// Bytes buffered and not framed yet.
     pub fn buffered(&self) -> usize {
         self.buf.len()
@@ -125,7 +135,7 @@ impl Framer {
                 0
             };
             if blank > 0 {
-                self.buf.advance(blank);
+                self.consume(blank);
                 let line: &'static [u8] = if blank == 2 { b"\r\n" } else { b"\n" };
                 return Ok(Some(Piece::Blank(Bytes::from_static(line))));
             }
@@ -151,11 +161,7 @@ impl Framer {
                 // own bytes, not the read buffer they came in (which may
                 // be much larger, and would stay allocated as long as it).
                 let raw = Bytes::copy_from_slice(&self.buf[..end]);
-                self.buf.advance(end);
-                if self.buf.is_empty() && self.buf.capacity() > IDLE_CAPACITY {
-                    // A large update's read buffer is not kept for the next.
-                    self.buf = BytesMut::new();
-                }
+                self.consume(end);
                 return Ok(Some(Piece::Update(Framed {
                     raw,
                     status: head.status,
