@@ -470,3 +470,96 @@ async fn requests_do_not_queue_behind_an_answer_that_cannot_be_stored() {
         "the waiters were sent one at a time"
     );
 }
+
+/// A Braid origin written by hand: every request is answered 209 with
+/// `Vary: X-Tenant` and one snapshot naming the tenant and the request
+/// count, and the stream stays open. Returns its address and the
+/// requests' tenants.
+async fn braid_origin_with_vary() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match socket.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let tenant = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("x-tenant:"))
+                    .map_or("none".to_string(), |t| t.trim().to_string());
+                let n = {
+                    let mut log = log.lock().expect("lock");
+                    log.push(tenant.clone());
+                    log.len()
+                };
+                let body = format!("{tenant} n={n}.");
+                let answer = format!(
+                    "HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nvary: X-Tenant, Version, Parents, Subscribe\r\n\
+                     cache-control: no-cache, no-transform, no-store\r\nconnection: close\r\n\r\n\
+                     Version: \"v{n}\"\r\nContent-Length: {}\r\n\r\n{body}\r\n\r\n",
+                    body.len()
+                );
+                if socket.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut sink = [0u8; 256];
+                while let Ok(read) = socket.read(&mut sink).await {
+                    if read == 0 {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, asked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_braid_origins_vary_holds_behind_two_tiers() {
+    let (origin, asked) = braid_origin_with_vary().await;
+    for h2c in [false, true] {
+        asked.lock().expect("lock").clear();
+        let edge = chain(origin, 2, h2c).await;
+        let path = if h2c { "/doc-h2c" } else { "/doc" };
+        // One after another, the first subscriptions held open.
+        let mut open = Vec::new();
+        for tenant in ["acme", "evil", "acme"] {
+            let (seen, body) = subscribe(edge, path, &[("x-tenant", tenant)]).await;
+            assert_eq!(seen.view, tenant, "h2c {h2c}: another tenant's view");
+            open.push((seen, body));
+        }
+        assert_eq!(open[0].0.n, open[2].0.n, "one view, one answer");
+        // And all at once, on another URL.
+        let all = format!("{path}-all");
+        let (a, b, c) = tokio::join!(
+            subscribe(edge, &all, &[("x-tenant", "acme")]),
+            subscribe(edge, &all, &[("x-tenant", "evil")]),
+            subscribe(edge, &all, &[("x-tenant", "acme")]),
+        );
+        assert_eq!((a.0.view.as_str(), b.0.view.as_str()), ("acme", "evil"));
+        assert_eq!(c.0.view, "acme");
+        let asked = asked.lock().expect("lock").clone();
+        assert_eq!(
+            asked.iter().filter(|t| *t == "evil").count(),
+            2,
+            "h2c {h2c}: one upstream subscription per URL for evil: {asked:?}"
+        );
+        assert!(
+            asked.iter().filter(|t| *t == "acme").count() <= 3,
+            "h2c {h2c}: acme's subscribers share: {asked:?}"
+        );
+    }
+}
