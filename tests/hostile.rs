@@ -236,54 +236,23 @@ async fn stored_header_bytes_count_against_the_state_cap() {
 }
 
 /// A Braid upstream written by hand: answers every request with a 209 head
-/// and then `stream` (raw bytes), and stays open. Returns its address and
-/// how many requests it was sent.
+/// and then `stream(path)` (raw bytes), and stays open. Returns its address
+/// and how many requests it was sent.
 async fn raw_braid_upstream(
     stream: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static,
 ) -> (SocketAddr, Arc<Mutex<usize>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let asked: Arc<Mutex<usize>> = Arc::default();
     let count = asked.clone();
-    let stream = Arc::new(stream);
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let stream = stream.clone();
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match socket.read(&mut byte).await {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                *count.lock().expect("lock") += 1;
-                let head = String::from_utf8_lossy(&head).into_owned();
-                let path = head.split(' ').nth(1).unwrap_or("/").to_string();
-                let body = stream(&path);
-                // Not chunked: the body runs until the connection closes.
-                let answer =
-                    b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n";
-                if socket.write_all(answer).await.is_err() {
-                    return;
-                }
-                for piece in body.chunks(64 * 1024) {
-                    if socket.write_all(piece).await.is_err() {
-                        return;
-                    }
-                }
-                // Stay open until the proxy leaves.
-                let mut sink = [0u8; 1024];
-                while let Ok(n) = socket.read(&mut sink).await {
-                    if n == 0 {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr = common::wire::raw_upstream(move |head| {
+        *count.lock().expect("lock") += 1;
+        let path = head.split(' ').nth(1).unwrap_or("/");
+        // Not chunked: the body runs until the connection closes.
+        let mut answer =
+            b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n".to_vec();
+        answer.extend(stream(path));
+        answer
+    })
+    .await;
     (addr, asked)
 }
 

@@ -476,54 +476,29 @@ async fn requests_do_not_queue_behind_an_answer_that_cannot_be_stored() {
 /// count, and the stream stays open. Returns its address and the
 /// requests' tenants.
 async fn braid_origin_with_vary() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let asked: Arc<Mutex<Vec<String>>> = Arc::default();
     let log = asked.clone();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    match socket.read(&mut byte).await {
-                        Ok(1) => head.push(byte[0]),
-                        _ => return,
-                    }
-                }
-                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                let tenant = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("x-tenant:"))
-                    .map_or("none".to_string(), |t| t.trim().to_string());
-                let n = {
-                    let mut log = log.lock().expect("lock");
-                    log.push(tenant.clone());
-                    log.len()
-                };
-                let body = format!("{tenant} n={n}.");
-                let answer = format!(
-                    "HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nvary: X-Tenant, Version, Parents, Subscribe\r\n\
-                     cache-control: no-cache, no-transform, no-store\r\nconnection: close\r\n\r\n\
-                     Version: \"v{n}\"\r\nContent-Length: {}\r\n\r\n{body}\r\n\r\n",
-                    body.len()
-                );
-                if socket.write_all(answer.as_bytes()).await.is_err() {
-                    return;
-                }
-                let mut sink = [0u8; 256];
-                while let Ok(read) = socket.read(&mut sink).await {
-                    if read == 0 {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    let addr = common::wire::raw_upstream(move |head| {
+        let head = head.to_ascii_lowercase();
+        let tenant = head
+            .lines()
+            .find_map(|l| l.strip_prefix("x-tenant:"))
+            .map_or("none".to_string(), |t| t.trim().to_string());
+        let n = {
+            let mut log = log.lock().expect("lock");
+            log.push(tenant.clone());
+            log.len()
+        };
+        let body = format!("{tenant} n={n}.");
+        format!(
+            "HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nvary: X-Tenant, Version, Parents, Subscribe\r\n\
+             cache-control: no-cache, no-transform, no-store\r\nconnection: close\r\n\r\n\
+             Version: \"v{n}\"\r\nContent-Length: {}\r\n\r\n{body}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes()
+    })
+    .await;
     (addr, asked)
 }
 

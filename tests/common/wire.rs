@@ -80,3 +80,42 @@ pub fn versions_in(seen: &[u8]) -> Vec<String> {
         .filter_map(|l| l.strip_prefix("Version: ").map(str::to_string))
         .collect()
 }
+
+/// An upstream written by hand on 127.0.0.1:0: for each connection it
+/// reads the request head, writes what `answer(head)` gives (the whole
+/// response, raw), and keeps the connection open until the proxy closes
+/// it. Returns its address.
+pub async fn raw_upstream(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let answer = std::sync::Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match socket.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let response = answer(&String::from_utf8_lossy(&head));
+                if socket.write_all(&response).await.is_err() {
+                    return;
+                }
+                let mut sink = [0u8; 1024];
+                while let Ok(n) = socket.read(&mut sink).await {
+                    if n == 0 {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
