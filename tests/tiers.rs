@@ -538,3 +538,44 @@ async fn a_braid_origins_vary_holds_behind_two_tiers() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_at_an_edge_is_never_older_than_its_subscribers() {
+    // One document whose answers say max-age=600; the test changes it.
+    let generation = Arc::new(AtomicUsize::new(1));
+    let g = generation.clone();
+    let origin = common::serve(move |_req| {
+        let g = g.load(Ordering::SeqCst);
+        Response::builder()
+            .header("cache-control", "max-age=600")
+            .header("etag", format!("\"g{g}\""))
+            .header("content-type", "text/plain")
+            .body(Full::new(Bytes::from(format!("doc n=g{g}."))))
+            .expect("response")
+    })
+    .await;
+    let (first, first_admin) = common::proxy_for(origin, |_| {}).await;
+    let (edge, _) = common::proxy_for(first, |_| {}).await;
+    // braid-http's client names its peer: the edge's upstream
+    // subscription is then that peer's, and plain GETs are not answered
+    // from its model.
+    let (seen, mut stream) = subscribe(edge, "/doc", &[("peer", "\"p1\"")]).await;
+    assert_eq!(seen.n, "g1");
+    // A GET at the edge stores the answer (fresh for ten minutes).
+    let (got, ()) = get(edge, "/doc", &[]).await;
+    assert_eq!(got.n, "g1");
+    for round in 2..=4 {
+        generation.store(round, Ordering::SeqCst);
+        let refreshed = common::request(first_admin, "POST", "/refresh?path=/doc", &[]).await;
+        assert!(refreshed.status().is_success());
+        // The edge's subscriber has the new version...
+        until_body(&mut stream, &format!("Version: \"g{round}\"")).await;
+        // ...and so does a GET at that edge, whatever it stored before.
+        let (got, ()) = get(edge, "/doc", &[]).await;
+        assert_eq!(
+            got.n,
+            format!("g{round}"),
+            "a GET older than the subscribers"
+        );
+    }
+}
