@@ -485,7 +485,9 @@ impl Router {
                 resource.learn_kind(Kind::Braid);
                 inner.registry.learn_braid(resource.key());
             }
-            Ok(response) if response.status() == StatusCode::OK => resource.learn_kind(Kind::Plain),
+            Ok(response) if response.status() == StatusCode::OK => {
+                inner.registry.learn_plain(resource)
+            }
             _ => {}
         }
         resource.kind()
@@ -602,7 +604,7 @@ impl Router {
             let mut claimed = seeded && inner.registry.claim_watcher(&resource);
             if let Some((response, (timing, ticket), seeding)) = seed.take() {
                 if response.status() == StatusCode::OK {
-                    resource.learn_kind(Kind::Plain);
+                    inner.registry.learn_plain(&resource);
                 }
                 inner
                     .watchers

@@ -92,11 +92,7 @@ impl Gets {
             {
                 Kind::Braid
             }
-            UpstreamKind::Auto => match inner.registry.get(key).map(|r| r.kind()) {
-                Some(kind) if kind != Kind::Unknown => kind,
-                _ if inner.registry.any_variant_plain(&key.path) => Kind::Plain,
-                _ => Kind::Unknown,
-            },
+            UpstreamKind::Auto => inner.registry.kind_of(key),
         }
     }
 
@@ -405,12 +401,6 @@ impl Gets {
     }
 }
 
-/// Whether a resource never held an answer (one made for first requests
-/// to wait on).
-fn never_held(resource: &Resource) -> bool {
-    resource.stored().is_none() && resource.head().seq == 0
-}
-
 /// See [`Gets::fetch`].
 async fn fetch(
     inner: Arc<Gets>,
@@ -547,7 +537,7 @@ async fn fetch(
     }
     let fwd = if stored.is_some() {
         "stale"
-    } else if resource.as_ref().is_some_and(|r| !never_held(r)) {
+    } else if resource.is_some() {
         "miss"
     } else {
         "uri-miss"

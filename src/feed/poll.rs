@@ -357,20 +357,19 @@ impl Watchers {
         });
         let mut keyed_under = resource.vary();
         if vary != keyed_under {
-            self.registry.record_vary(resource.key(), &vary);
             // Its first answer named the `Vary`: it is the variant of the
             // request that made it, under which requests of the same view
             // find it (rather than each asking the origin again).
-            let template = &resource.template;
-            let host = template
+            let host = resource
+                .template
                 .get("x-forwarded-host")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            let key = self
-                .registry
-                .learn_vary(resource.key(), &vary, template, host);
-            if vary != cache::Vary::Any && self.registry.rekey(resource, &key) {
+            let moved = vary != cache::Vary::Any && self.registry.rekey(resource, &vary, host);
+            if moved {
                 keyed_under = vary.clone();
+            } else {
+                self.registry.record_vary(resource.key(), &vary);
             }
         }
         if vary != keyed_under || (personal && !resource.private) {

@@ -59,6 +59,10 @@ struct Variants {
     /// A Braid server answered for this URL (a 209, or Braid headers):
     /// its answers are relayed, never polled, even a 404 without them.
     braid: bool,
+    /// A variant of this URL was answered by a plain origin: its variants
+    /// not known yet are taken to be plain too (one handler answers them).
+    /// A hint, gone with the URL's last variant.
+    plain: bool,
     by_key: HashMap<String, Arc<Resource>>,
     /// Resources taken out of `by_key` (one client's) while their
     /// subscribers keep them: purge, refresh and writes still reach them.
@@ -154,13 +158,33 @@ impl Registry {
         lock(&self.urls).entry(path.to_string()).or_default().braid = true;
     }
 
-    /// Whether some variant of `path` is known to come from a plain origin:
-    /// the URL's other variants are taken to be plain too (one handler
-    /// answers them), so that a new variant is polled at once.
-    pub fn any_variant_plain(&self, path: &str) -> bool {
-        lock(&self.urls)
-            .get(path)
-            .is_some_and(|v| v.by_key.values().any(|r| r.kind() == Kind::Plain))
+    /// Records that a plain origin answered for `resource` (and so, as a
+    /// hint, for its URL's other variants).
+    pub fn learn_plain(&self, resource: &Resource) {
+        resource.learn_kind(Kind::Plain);
+        if let Some(variants) = lock(&self.urls).get_mut(resource.key()) {
+            variants.plain = true;
+        }
+    }
+
+    /// What `key`'s upstream is, as far as its answers told: its own kind,
+    /// else plain when a variant of its URL was answered by a plain origin
+    /// (a new variant is then polled at once rather than asked with a
+    /// subscription request first). One lock, as a hit takes it.
+    pub fn kind_of(&self, key: &Key) -> Kind {
+        let urls = lock(&self.urls);
+        let Some(variants) = urls.get(&key.path) else {
+            return Kind::Unknown;
+        };
+        let own = variants.by_key.get(&key.secondary).map(|r| {
+            r.touch();
+            r.kind()
+        });
+        match own {
+            Some(kind) if kind != Kind::Unknown => kind,
+            _ if variants.plain => Kind::Plain,
+            _ => Kind::Unknown,
+        }
     }
 
     /// Whether a Braid server answered for `path` (while the URL is tracked).
@@ -295,29 +319,29 @@ impl Registry {
         Ok(())
     }
 
-    /// Moves `resource` to the variant `key` names, when its first answer
-    /// named a `Vary` it was not keyed under and it is the view of the
-    /// request that made it (its template's): requests of that view find
-    /// it there. False (nothing moved) when another resource holds that
-    /// variant or this one is no longer tracked.
-    pub fn rekey(&self, resource: &Arc<Resource>, key: &Key) -> bool {
+    /// Records the `Vary` an answer for `resource` named and moves the
+    /// resource to the variant that `Vary` makes of the request that made
+    /// it (its template, with `host`): requests of that view find it there.
+    /// One lock for both, so that no request sees the new `Vary` without
+    /// the resource under it. False (the `Vary` recorded, nothing moved)
+    /// when another resource holds that variant or this one is no longer
+    /// tracked.
+    pub fn rekey(&self, resource: &Arc<Resource>, vary: &Vary, host: &str) -> bool {
         let mut urls = lock(&self.urls);
-        let Some(variants) = urls.get_mut(&resource.key) else {
-            return false;
-        };
+        let variants = urls.entry(resource.key.clone()).or_default();
+        variants.vary = vary.clone();
+        let secondary = cache::secondary_key(&resource.template, host, vary);
         let mut variant = lock(&resource.variant);
         let tracked = variants
             .by_key
             .get(&variant.0)
             .is_some_and(|r| Arc::ptr_eq(r, resource));
-        if !tracked || variants.by_key.contains_key(&key.secondary) {
+        if !tracked || variants.by_key.contains_key(&secondary) {
             return false;
         }
         variants.by_key.remove(&variant.0);
-        variants
-            .by_key
-            .insert(key.secondary.clone(), resource.clone());
-        *variant = (key.secondary.clone(), key.vary.clone());
+        variants.by_key.insert(secondary.clone(), resource.clone());
+        *variant = (secondary, vary.clone());
         true
     }
 

@@ -65,10 +65,11 @@ impl State {
         let kept = DENIAL_HEADERS
             .iter()
             .flat_map(|name| {
-                headers
-                    .get_all(name)
-                    .iter()
-                    .map(|v| (name.clone(), v.clone()))
+                // Copied: a parsed value is a slice of its connection's
+                // read buffer, which it would keep alive.
+                headers.get_all(name).iter().filter_map(|v| {
+                    Some((name.clone(), HeaderValue::from_bytes(v.as_bytes()).ok()?))
+                })
             })
             .collect();
         State::Denied {
