@@ -303,3 +303,137 @@ async fn a_directory_that_declares_range_writes_gets_patch_puts_without_a_probe(
         "never a raw patch to a plain origin"
     );
 }
+
+/// The 209 head of a Braid upstream written by hand; the body runs until
+/// the connection closes.
+const RAW_209: &[u8] =
+    b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n";
+
+/// An upstream whose update headers cannot be read (a line with no colon,
+/// as braid-http's suite writes): the subscribers of every tier get the
+/// good update, then that header block as it came, as their stream's last
+/// bytes, so that their client reports the upstream's parse error and does
+/// not retry; nothing after the block is relayed, the block is never
+/// stored, and for a while the upstream is not asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_update_head_is_handed_on_as_the_stream_s_last_bytes_at_every_tier() {
+    const GOOD: &str = "Version: \"v1\"\r\nContent-Length: 4\r\n\r\ngood\r\n";
+    const BLOCK: &str = "hello: true\r\nhello\r\nContent-Length: 2\r\n\r\n";
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    // Written apart, as braid-http's server writes it (one write per line):
+    // the block must be handed on whole, whatever the reads.
+    let upstream = common::wire::raw_upstream_in_parts(
+        move |_| {
+            count.fetch_add(1, Ordering::SeqCst);
+            vec![
+                [RAW_209, GOOD.as_bytes()].concat(),
+                b"hello: true\r\n".to_vec(),
+                b"hello\r\n".to_vec(),
+                b"Content-Length: 2\r\n\r\n".to_vec(),
+                b"hi".to_vec(),
+            ]
+        },
+        std::time::Duration::from_millis(30),
+    )
+    .await;
+    let (tier1, _) = common::proxy_for(upstream, |_| ()).await;
+    let (edge, _) = common::proxy_for(tier1, |_| ()).await;
+    for (name, addr, path) in [("first tier", tier1, "/a"), ("edge", edge, "/b")] {
+        let (mut stream, head) = common::wire::subscribe_raw(addr, path).await;
+        assert!(head.starts_with("HTTP/1.1 209"), "{name}: {head}");
+        let body = common::wire::unchunk(&common::wire::rest_of(&mut stream).await);
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let at = body
+            .find("good")
+            .unwrap_or_else(|| panic!("{name}: no good update: {body:?}"));
+        assert!(
+            body[at..]
+                .trim_start_matches("good")
+                .trim_start_matches("\r\n")
+                .starts_with(BLOCK),
+            "{name}: the block, whole, after the good update: {body:?}"
+        );
+        assert!(
+            body.ends_with(BLOCK),
+            "{name}: and nothing after it: {body:?}"
+        );
+        // A later subscriber is told to come back later, in one line.
+        let (mut later, head) = common::wire::subscribe_raw(addr, path).await;
+        assert!(head.starts_with("HTTP/1.1 502"), "{name}: {head}");
+        assert!(
+            head.to_ascii_lowercase().contains("retry-after:"),
+            "{name}: {head}"
+        );
+        let text = String::from_utf8_lossy(&common::wire::rest_of(&mut later).await).into_owned();
+        assert!(
+            !text.contains("hello"),
+            "{name}: the block is not stored: {text}"
+        );
+    }
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "the upstream asked once per path"
+    );
+}
+
+/// An update that carries only an error status (braid-http's
+/// `sendUpdate({status: 403})`) is news among the updates, not a version:
+/// a subscriber behind it gets it as it came (it is not collapsed away),
+/// and the model keeps the version before it, so a GET answered from the
+/// live feed still has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_stream_error_status_reaches_every_subscriber_and_is_not_a_version() {
+    const V1: &str = "HTTP 200 OK\r\nVersion: \"v1\"\r\nContent-Length: 5\r\n\r\nhello\r\n\r\n";
+    const FORBIDDEN: &str = "HTTP 403 Forbidden\r\nContent-Length: 5\r\n\r\nuh oh\r\n\r\n";
+    const V2: &str = "HTTP 200 OK\r\nVersion: \"v2\"\r\nParents: \"v1\"\r\nContent-Range: text [5:5]\r\nContent-Length: 11\r\n\r\n still here\r\n\r\n";
+    let upstream = common::wire::raw_upstream_in_parts(
+        |_| {
+            vec![
+                [RAW_209, V1.as_bytes()].concat(),
+                FORBIDDEN.into(),
+                V2.into(),
+            ]
+        },
+        std::time::Duration::from_millis(100),
+    )
+    .await;
+    let (proxy, _) = common::proxy_for(upstream, |_| ()).await;
+    let (mut first, head) = common::wire::subscribe_raw(proxy, "/s").await;
+    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+    let mut seen = Vec::new();
+    common::wire::read_until(&mut first, &mut seen, |s| s.contains("still here")).await;
+    // Joins after all three: it starts where the session started and is
+    // more than one announcement behind, the case a collapse would serve.
+    let (mut second, head) = common::wire::subscribe_raw(proxy, "/s").await;
+    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+    let mut late = Vec::new();
+    common::wire::read_until(&mut second, &mut late, |s| s.contains("still here")).await;
+    for (who, bytes) in [("first", &seen), ("late", &late)] {
+        let text = String::from_utf8_lossy(&common::wire::unchunk(bytes)).into_owned();
+        let order: Vec<usize> = ["hello", "HTTP 403 Forbidden", "uh oh", "still here"]
+            .iter()
+            .map(|part| {
+                text.find(part)
+                    .unwrap_or_else(|| panic!("{who}: no {part:?} in {text:?}"))
+            })
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "{who}: in order: {text:?}"
+        );
+    }
+    // The patch after the 403 applied to the version before it: a GET of
+    // v2 is answered from the live feed (had the 403 cost the model, it
+    // would go to the upstream, whose answer to anything is a stream).
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        text(common::get(proxy, "/s", &[("host", "x")]).await).await
+    })
+    .await
+    .expect("answered from the live feed, not the upstream");
+    assert_eq!(
+        answered,
+        (200, Some("\"v2\"".into()), "hello still here".into())
+    );
+}

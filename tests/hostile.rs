@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_proxy::config::Config;
-use common::wire::metric;
+use common::wire::{metric, rest_of, subscribe_raw};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -254,40 +254,6 @@ async fn raw_braid_upstream(
     })
     .await;
     (addr, asked)
-}
-
-/// Opens a subscription; returns the stream after the response head, and the head.
-async fn subscribe_raw(addr: SocketAddr, path: &str) -> (TcpStream, String) {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    // Closed once the response ends, so that its end can be read.
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    let deadline = Instant::now() + WAIT;
-    while !head.ends_with(b"\r\n\r\n") {
-        assert!(Instant::now() < deadline, "no head in time");
-        let n = tokio::time::timeout(WAIT, stream.read(&mut byte))
-            .await
-            .expect("read in time")
-            .expect("read");
-        assert_eq!(
-            n,
-            1,
-            "closed before a head: {:?}",
-            String::from_utf8_lossy(&head)
-        );
-        head.push(byte[0]);
-    }
-    (stream, String::from_utf8_lossy(&head).into_owned())
-}
-
-/// Everything a stream sends until it ends, bounded in time.
-async fn rest_of(stream: &mut TcpStream) -> Vec<u8> {
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(WAIT, stream.read_to_end(&mut out)).await;
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,7 @@
 #                    the servers listen on PORT+10..PORT+14 behind a proxy
 #   FILTER           only tests whose name contains this (the suite's --filter)
 #   HARD_TIMEOUT     seconds for the whole suite run (default 600)
-#   UPSTREAM_KIND    braid-proxy's --upstream-kind (default braid; "" = omit)
+#   UPSTREAM_KIND    braid-proxy's --upstream-kind (default: none, the proxy's own default)
 #
 # Writes results/MODE-<timestamp>.txt (summary + failing tests) and
 # results/MODE-<timestamp>.log (the suite's raw output), plus
@@ -44,7 +44,7 @@ PORT=${PORT:-9300}
 SERVER_PORT=$PORT
 FILTER=${FILTER:-}
 HARD_TIMEOUT=${HARD_TIMEOUT:-600}
-UPSTREAM_KIND=${UPSTREAM_KIND-braid}
+UPSTREAM_KIND=${UPSTREAM_KIND-}
 
 die() { echo "run.sh: $*" >&2; exit 2; }
 

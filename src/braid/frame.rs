@@ -9,7 +9,10 @@
 //! range unit. What is malformed (a header line without a colon, a value
 //! with control bytes, an unreadable `Version`, `Parents` or length, a
 //! text or byte range that is not `[a:b]` with a <= b) is an error: the
-//! caller ends that upstream subscription rather than relay it.
+//! caller ends that upstream subscription rather than relay it. An update
+//! head that is not `name: value` lines but holds no control bytes comes
+//! back whole in the error ([`FrameError::Unreadable`]), for the caller to
+//! hand on as the stream's last bytes (spec/braid-wire.md §10.3).
 //!
 //! Framing is linear in the bytes received: the framer remembers how far
 //! it has read the update at the front of its buffer (the block being read,
@@ -57,6 +60,13 @@ pub enum FrameError {
     HeaderBlockTooLarge(usize),
     #[error("malformed update: {0}")]
     Malformed(String),
+    /// An update's header block that is not `name: value` lines, and has
+    /// no control bytes but CR, LF and tab: `block` is the whole block as
+    /// received (blank line included), so that a relay can hand it on as
+    /// the stream's last bytes and its client fails to read it as it
+    /// would without the relay (spec/braid-wire.md §10.3).
+    #[error("malformed update: {why}")]
+    Unreadable { why: String, block: Bytes },
 }
 
 /// The framer; feed it bytes with [`Framer::push`], take pieces with [`Framer::next_piece`].
@@ -185,7 +195,18 @@ impl Framer {
             let Some(block_end) = self.block_end()? else {
                 return Ok(None);
             };
-            let block = read_block(&self.buf[self.at.block..block_end], self.at.head.is_none())?;
+            let update_head = self.at.head.is_none();
+            let block = match read_block(&self.buf[self.at.block..block_end], update_head) {
+                Err(FrameError::Malformed(why))
+                    if update_head && shown_as_is(&self.buf[..block_end]) =>
+                {
+                    return Err(FrameError::Unreadable {
+                        why,
+                        block: Bytes::copy_from_slice(&self.buf[..block_end]),
+                    });
+                }
+                read => read?,
+            };
             let at = &mut self.at;
             match at.head {
                 None => {
@@ -347,6 +368,13 @@ fn read_block(bytes: &[u8], update: bool) -> Result<Block, FrameError> {
     Ok(Block { status, headers })
 }
 
+/// Text a client can be shown as it came: no control bytes but CR, LF and tab.
+fn shown_as_is(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .all(|&b| matches!(b, b'\t' | b'\r' | b'\n') || (b >= 0x20 && b != 0x7f))
+}
+
 fn is_token(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
@@ -505,7 +533,6 @@ Content-Length: 1\nContent-Range: json .a\n\nx\n\nContent-Length: 2\nContent-Ran
             b"Version: \"a\"\r\nPatches: 1\r\n\r\nContent-Length: 1\r\n\r\nx",
             b"Version: \"a\"\r\nPatches: two\r\n\r\n",
             b"\x00\x01\xff garbage\r\n\r\n",
-            b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
             b"Version: \"a\"\r\nX-Bad: a\x01b\r\nContent-Length: 0\r\n\r\n",
         ] {
             let e = first_error(input);
@@ -514,6 +541,51 @@ Content-Length: 1\nContent-Range: json .a\n\nx\n\nContent-Length: 2\nContent-Ran
                 "{:?}: {e}",
                 String::from_utf8_lossy(input)
             );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_update_head_comes_back_whole_however_it_arrives() {
+        let good = b"Version: \"a\"\r\nContent-Length: 2\r\n\r\nok\r\n\r\n";
+        for head in [
+            &b"hello: true\r\nhello\r\nContent-Length: 2\r\n\r\n"[..],
+            b"HTP 555\r\n\r\n",
+            b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            let input = [&good[..], head, b"hi"].concat();
+            for step in [1, 7, input.len()] {
+                let mut f = Framer::new(1 << 20, 4096);
+                let mut error = None;
+                for chunk in input.chunks(step) {
+                    f.push(chunk);
+                    loop {
+                        match f.next_piece() {
+                            Ok(Some(_)) => continue,
+                            Ok(None) => break,
+                            Err(e) => {
+                                error = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    if error.is_some() {
+                        break;
+                    }
+                }
+                match error {
+                    Some(FrameError::Unreadable { block, .. }) => {
+                        assert_eq!(&block[..], head, "step {step}")
+                    }
+                    other => panic!("step {step}: {other:?}"),
+                }
+            }
+        }
+        // A patch's unreadable block, or one with control bytes, is not handed on.
+        for input in [
+            &b"Version: \"a\"\r\nPatches: 1\r\n\r\nno colon\r\n\r\n"[..],
+            b"bad\x01line\r\n\r\n",
+        ] {
+            assert!(matches!(first_error(input), FrameError::Malformed(_)));
         }
     }
 

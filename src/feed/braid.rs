@@ -50,7 +50,7 @@ use hyper::body::Incoming;
 use tokio::sync::{watch, Notify};
 use tracing::{debug, warn};
 
-use crate::braid::{self, Framer, Patch, Piece, VersionList};
+use crate::braid::{self, FrameError, Framer, Patch, Piece, VersionList};
 use crate::cache::{self, Timing, Vary};
 use crate::config::{Config, UpstreamKind};
 use crate::error::Refusal;
@@ -294,7 +294,11 @@ impl Model {
             braid::Body::Patches(patches) => {
                 let known = self.known.as_mut()?;
                 let ok_status = known.status.unwrap_or(200) == 200;
-                if update.parents != known.version || !ok_status || update.status.is_some() {
+                // A patch is to a 200's body, and says 200 if anything
+                // (braid-http 1.4's server starts every update with
+                // `HTTP 200 OK`).
+                let patch_ok = update.status.unwrap_or(200) == 200;
+                if update.parents != known.version || !ok_status || !patch_ok {
                     return None;
                 }
                 if patches.iter().any(|p| p.unit == braid::RangeUnit::Json) {
@@ -933,7 +937,7 @@ impl Relays {
             warn!(
                 session = session.path,
                 why = over.describe(),
-                "upstream subscription over: nothing after its last good update is relayed"
+                "upstream subscription over on a malformed update; its subscribers' streams end"
             );
         } else {
             debug!(
@@ -1164,7 +1168,14 @@ impl Relays {
                     window.framed(true);
                     window.last_update = Some(Instant::now());
                     Metrics::inc(&self.metrics.upstream_updates_total);
-                    let applied = {
+                    // An in-stream error status without a `Version` (a 403
+                    // among the updates) is news, not a new representation:
+                    // the model stays as it was.
+                    let event = update.version.is_none()
+                        && update.status.is_some_and(|s| !(200..300).contains(&s));
+                    let applied = if event {
+                        None
+                    } else {
                         let mut model = lock(&session.model);
                         let applied = model
                             .understand(&update.raw, self.config.max_body_bytes)
@@ -1184,6 +1195,20 @@ impl Relays {
                     window.malformed = true;
                     lock(&session.model).known = None;
                     window.count_model(0, &self.window_bytes);
+                    if let FrameError::Unreadable { block, .. } = &e {
+                        // The upstream's own words, handed on as the
+                        // stream's last bytes: its clients fail to read
+                        // them as they would without the proxy, and stop
+                        // (a clean end would make them retry a server
+                        // that is broken). Never stored or applied.
+                        let last = Entry {
+                            raw: block.clone(),
+                            version: None,
+                            blank: false,
+                            applied: None,
+                        };
+                        window.push(last, &self.config, &self.window_bytes);
+                    }
                     return Some(Over::Malformed(e.to_string()));
                 }
             };
@@ -1352,6 +1377,12 @@ impl Session {
             .filter(|e| !e.blank)
             .collect();
         if behind.len() <= 1 && !fell_out {
+            return None;
+        }
+        // An update without a `Version` (an in-stream status such as a 403,
+        // or an unversioned message) changes no version, so no collapse
+        // can stand for it: one still in the window is sent as received.
+        if !fell_out && behind.iter().any(|e| e.version.is_none()) {
             return None;
         }
         // The newest update it is to be taken to.

@@ -34,7 +34,13 @@ pub fn dechunk(raw: &[u8]) -> Vec<u8> {
         .position(|w| w == b"\r\n\r\n")
         .expect("a head")
         + 4;
-    let mut rest = &text[start..];
+    unchunk(&text[start..])
+}
+
+/// The data of chunked bytes (what follows a response head), to the
+/// terminating chunk or to the end of the bytes.
+pub fn unchunk(chunked: &[u8]) -> Vec<u8> {
+    let mut rest = chunked;
     let mut out = Vec::new();
     while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex"), 16)
@@ -86,6 +92,15 @@ pub fn versions_in(seen: &[u8]) -> Vec<String> {
 /// response, raw), and keeps the connection open until the proxy closes
 /// it. Returns its address.
 pub async fn raw_upstream(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> SocketAddr {
+    raw_upstream_in_parts(move |head| vec![answer(head)], Duration::ZERO).await
+}
+
+/// [`raw_upstream`] that writes its answer in parts, `gap` apart, so that
+/// the proxy reads them apart.
+pub async fn raw_upstream_in_parts(
+    answer: impl Fn(&str) -> Vec<Vec<u8>> + Send + Sync + 'static,
+    gap: Duration,
+) -> SocketAddr {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -104,9 +119,13 @@ pub async fn raw_upstream(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'stat
                         _ => return,
                     }
                 }
-                let response = answer(&String::from_utf8_lossy(&head));
-                if socket.write_all(&response).await.is_err() {
-                    return;
+                for (i, part) in answer(&String::from_utf8_lossy(&head)).iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(gap).await;
+                    }
+                    if socket.write_all(part).await.is_err() {
+                        return;
+                    }
                 }
                 let mut sink = [0u8; 1024];
                 while let Ok(n) = socket.read(&mut sink).await {
@@ -118,4 +137,41 @@ pub async fn raw_upstream(answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'stat
         }
     });
     addr
+}
+
+/// Opens a subscription on a connection of its own (closed once the
+/// response ends, so that its end can be read); returns the stream after
+/// the response head, and the head.
+pub async fn subscribe_raw(addr: SocketAddr, path: &str) -> (TcpStream, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    // One byte at a time, so that nothing after the head is read.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !head.ends_with(b"\r\n\r\n") {
+        assert!(Instant::now() < deadline, "no head in time");
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
+            .await
+            .expect("read in time")
+            .expect("read");
+        assert_eq!(
+            n,
+            1,
+            "closed before a head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Everything a stream sends until it ends, bounded in time.
+pub async fn rest_of(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out)).await;
+    out
 }
