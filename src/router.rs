@@ -552,7 +552,7 @@ impl Router {
 
     async fn subscribe(
         &self,
-        req: Request<RequestBody>,
+        mut req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
@@ -560,6 +560,7 @@ impl Router {
         if let Some(refused) = self.refuse_within_file_reserve(req.version()) {
             return Ok(refused);
         }
+        crate::serve::subscribe::speak_upstream(&mut req, &braid);
         let headers = req.headers().clone();
         let (key, host) = self.request_key(&req);
         let path = key.path.clone();
@@ -574,7 +575,10 @@ impl Router {
                 .subscribe(req, &braid, kind == Kind::Braid)
                 .await?
             {
-                Relayed::Answer(response) => return Ok(response),
+                Relayed::Answer(mut response) => {
+                    crate::serve::subscribe::answer_in_own_dialect(&mut response, &braid);
+                    return Ok(response);
+                }
                 Relayed::Plain {
                     template,
                     response,

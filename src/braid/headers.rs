@@ -145,7 +145,8 @@ impl VersionList {
     }
 }
 
-/// `Subscribe`: `true`, `?1` or blank subscribe; `false` or `?0` do not.
+/// `Subscribe`: `stream` (the November 2026 subscriptions draft), `true`,
+/// `?1` or blank subscribe; `false` or `?0` do not.
 pub fn parse_subscribe(value: &[u8]) -> Result<bool, HeaderError> {
     let text = std::str::from_utf8(value)
         .map_err(|_| err("Subscribe", "not ASCII"))?
@@ -153,10 +154,16 @@ pub fn parse_subscribe(value: &[u8]) -> Result<bool, HeaderError> {
     match text {
         "" | "?1" => Ok(true),
         "?0" => Ok(false),
-        t if t.eq_ignore_ascii_case("true") => Ok(true),
+        t if is_stream(t.as_bytes()) || t.eq_ignore_ascii_case("true") => Ok(true),
         t if t.eq_ignore_ascii_case("false") => Ok(false),
-        _ => Err(err("Subscribe", "expected true, false, ?1 or ?0")),
+        _ => Err(err("Subscribe", "expected stream, true, false, ?1 or ?0")),
     }
+}
+
+/// Whether a `Subscribe` value is the drafts' `stream` (any case, spaces
+/// around it allowed).
+pub fn is_stream(value: &[u8]) -> bool {
+    value.trim_ascii().eq_ignore_ascii_case(b"stream")
 }
 
 /// `Heartbeats`: `5s`, `5`, `0.5s` or `500ms`, at most a day. Zero or
@@ -221,7 +228,11 @@ mod tests {
         assert_eq!(parse_subscribe(b"?1"), Ok(true));
         assert_eq!(parse_subscribe(b""), Ok(true));
         assert_eq!(parse_subscribe(b"false"), Ok(false));
+        assert_eq!(parse_subscribe(b"stream"), Ok(true));
+        assert_eq!(parse_subscribe(b" Stream "), Ok(true));
+        assert!(is_stream(b"STREAM") && !is_stream(b"true") && !is_stream(b"streams"));
         assert!(parse_subscribe(b"yes").is_err());
+        assert!(parse_subscribe(b"stream, true").is_err());
         assert_eq!(parse_heartbeats(b"5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_heartbeats(b"2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_heartbeats(b"500ms"), Ok(Duration::from_millis(500)));

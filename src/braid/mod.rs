@@ -12,8 +12,8 @@ pub use decode::{decode_patches, parse_content_range, DecodeError, DecodeLimits,
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
 pub use frame::{FrameError, Framed, Framer, Piece};
 pub use headers::{
-    parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList, MAX_VERSIONS,
-    MAX_VERSION_ID_LEN,
+    is_stream, parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList,
+    MAX_VERSIONS, MAX_VERSION_ID_LEN,
 };
 pub use patch::{apply_patches, compose, PatchError};
 

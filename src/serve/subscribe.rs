@@ -38,6 +38,9 @@ pub struct BraidRequest {
     pub peer_specific: bool,
     /// Echo of the request's `Subscribe` value.
     pub subscribe_echo: Option<HeaderValue>,
+    /// The request said `Subscribe: stream`, the drafts' value since
+    /// November 2026; its upstream request says `true` ([`speak_upstream`]).
+    pub stream: bool,
     /// Echo of the request's `Heartbeats` value.
     pub heartbeats_echo: Option<HeaderValue>,
 }
@@ -65,6 +68,7 @@ impl BraidRequest {
         }
         if let Some(v) = headers.get(&SUBSCRIBE) {
             out.subscribe = braid::parse_subscribe(v.as_bytes()).map_err(bad)?;
+            out.stream = braid::is_stream(v.as_bytes());
             out.subscribe_echo = Some(v.clone());
         }
         if let Some(v) = headers.get(&PARENTS) {
@@ -83,6 +87,30 @@ impl BraidRequest {
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("simpleton"));
         out.peer_specific = simpleton && headers.contains_key(&PEER);
         Ok(out)
+    }
+}
+
+/// A `Subscribe: stream` request goes upstream saying `Subscribe: true`,
+/// which every Braid server so far reads as a subscription (braid-http
+/// 1.3.80's server takes only `true` for a boolean; a braid-proxy older than
+/// this one refuses `stream` with a 400), and the stream it opens is the
+/// same; the client's 209 says `stream` again ([`answer_in_own_dialect`]).
+/// So one upstream subscription serves `true` and `stream` subscribers
+/// alike (spec/braid-wire.md §10.1).
+pub fn speak_upstream<B>(req: &mut Request<B>, braid: &BraidRequest) {
+    if braid.stream {
+        req.headers_mut()
+            .insert("subscribe", HeaderValue::from_static("true"));
+    }
+}
+
+/// A relayed 209 to a `Subscribe: stream` request says `Subscribe` as the
+/// client did, whatever the upstream (asked with `true`) echoed.
+pub fn answer_in_own_dialect(response: &mut Response<Body>, braid: &BraidRequest) {
+    if let (true, Some(echo)) = (braid.stream, &braid.subscribe_echo) {
+        if response.status().as_u16() == 209 {
+            response.headers_mut().insert("subscribe", echo.clone());
+        }
     }
 }
 
