@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """High availability of the shield tier behind haproxy: a plain REST origin
 (in this script), two shield braid-proxies following it, haproxy in front of
-the shields (`balance uri`, `hash-type consistent`, health checks with
-`GET /readyz` on the shields' admin listeners), an edge braid-proxy whose
-`--upstream` is haproxy, and N subscribers at the edge.
+the shields (`balance uri path-only`, `hash-type consistent`, health checks
+with `GET /readyz` on the shields' admin listeners, `option http-no-delay`,
+`option redispatch`), an edge braid-proxy whose `--upstream` is haproxy
+(over h2c with `--h2c`), and N subscribers at the edge.
 
 The run, once per `--hold` value (the edge's `--hold-upstream-breaks`):
 every subscriber gets the first version; the origin changes and every
-subscriber gets the second; the shield that serves the document (the one
+subscriber gets the second; `--writes` PUTs go through the edge, each
+waited for at every subscriber (the time is reported); the shield that serves the document (the one
 with subscriptions on its /metrics) is killed with SIGKILL for good, and the
 origin changes at once. Measured from the kill: when haproxy marked that
 shield DOWN (its stats page), when each subscriber had the third version,
@@ -25,11 +27,15 @@ never had, a rebuilt body unlike the origin's at that version, a subscriber
 not at the last version `--settle` seconds after the kill; with
 `--hold-upstream-breaks` over 0, a subscriber that had to connect again.
 Also checked: before the kill exactly one shield holds the document's
-subscription (the consistent hash), after it the survivor does.
+subscription (the URL's hash) and got every PUT (so HTTP/1.1 writes and
+h2c subscriptions hash alike), haproxy marks it DOWN, the survivor holds
+the subscription after it, and no process but the victim exited.
+`--without OPTION` leaves `http-no-delay` or `redispatch` out of
+haproxy's configuration, to measure what each is for.
 
     python3 bench/ha.py                                   # release build, 20 subscribers, --hold 0 and 5s
-    python3 bench/ha.py --binary target/debug/braid-proxy --subs 5 --runs 1   # CI's smoke run
-    python3 bench/ha.py --runs 3 --hold 0,5s,1s
+    python3 bench/ha.py --binary target/debug/braid-proxy [--h2c]   # CI's smoke runs
+    python3 bench/ha.py --runs 3 --hold 0,5s,1s --json
 
 Prints one line per run and a summary; exits 0 with no violation, 1 with
 some, 2 when the harness failed (no haproxy, a process that did not start).
@@ -341,7 +347,7 @@ frontend shields
 backend shields
     # One shield per URL: its subscriptions and stored answers are not
     # duplicated; when a shield goes, only its URLs move.
-    balance uri
+    balance uri path-only
     hash-type consistent
     # Readiness, on each shield's admin listener.
     option httpchk GET /readyz
@@ -692,6 +698,15 @@ async def one_run(args, hold, run_no):
             raise HarnessError(f"not exactly one shield serves {PATH} (balance uri): {held}")
         victim = serving[0]
         survivor = next(s for s in shields if s is not victim)
+        # Writes must reach the shield that holds the subscription (there they
+        # are written through to its subscribers; elsewhere it learns of them
+        # by polling): the URL hashes alike over HTTP/1.1 and h2.
+        with open(os.path.join(logdir, f"{victim.name}.err"), "rb") as f:
+            puts = len(re.findall(rb"access: PUT " + re.escape(PATH.encode()) + rb" ", f.read()))
+        if puts != args.writes:
+            result["violations"].append({"subscriber": None, "kind": "write elsewhere",
+                                         "detail": f"{victim.name}, which serves the subscription, got {puts} "
+                                                   f"of the {args.writes} PUTs"})
         connects = {s.sid: s.connects for s in subs}
         answers = {s.sid: sum(s.answers.values()) for s in subs}
         edge_resumes = await edge.metric("upstream_reconnects_total")
