@@ -11,7 +11,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::error::Refusal;
-use crate::net::body::{self, Body};
+use crate::floor::body::{self, Body};
 use crate::router::Router;
 
 /// Serves the admin listener until the task is aborted, probing the

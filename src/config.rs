@@ -868,16 +868,6 @@ mod tests {
             .trusted_downstream
             .contains(std::net::Ipv6Addr::LOCALHOST.into()));
         assert!(!d.trusted_downstream.contains([10, 0, 0, 1].into()));
-        // multiplex::Limits keeps the same bounds for its own tests.
-        let mux = crate::serve::multiplex::Limits::default();
-        assert_eq!(
-            (
-                d.max_multiplexers,
-                d.max_multiplexed_requests,
-                d.multiplexer_idle
-            ),
-            (mux.max_multiplexers, mux.max_requests, mux.idle)
-        );
         assert_eq!(KEYS.len(), KEY_DOCS.len());
         let mut c = Config::default();
         for doc in KEY_DOCS {

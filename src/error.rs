@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::net::body::{self, Body};
+use crate::floor::body::{self, Body};
 
 /// Why a request is answered by the proxy itself with an error.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use braid_proxy::config::{Args, Config, LogFormat, Upstream};
 use braid_proxy::limits::FileLimit;
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use clap::Parser;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::EnvFilter;

@@ -9,18 +9,19 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 use tracing::info;
 
+use crate::braid::BraidRequest;
 use crate::cache::get::{key_of, Gets};
 use crate::config::{Config, MultiplexMode, UpstreamKind};
 use crate::error::Refusal;
 use crate::feed::braid::{Relayed, Relays};
 use crate::feed::poll::{self, Watchers};
+use crate::floor::body::{self, Body, BoxError, RequestBody};
 use crate::limits::OpenFiles;
 use crate::metrics::Metrics;
-use crate::net::body::{self, Body, BoxError, RequestBody};
-use crate::net::proxy::{self, ConnInfo, UpstreamClient};
 use crate::serve::multiplex::{self, Multiplexers};
-use crate::serve::subscribe::{BraidRequest, Cors, Subscriptions};
+use crate::serve::subscribe::{Cors, Subscriptions};
 use crate::state::{History, Key, Kind, Registry, RegistryLimits, Resource, Tuning};
+use crate::upstream::{self, ConnInfo, UpstreamClient};
 use crate::writes::{self, Writes};
 
 /// The proxy's shared state, a cheap clonable handle.
@@ -339,15 +340,15 @@ impl Router {
 
     fn name_in_via(&self, response: &mut Response<Body>) {
         let proxy_id = &self.inner.config.proxy_id;
-        if !proxy::via_names(response.headers(), proxy_id) {
-            proxy::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
+        if !upstream::via_names(response.headers(), proxy_id) {
+            upstream::append_via(response.headers_mut(), http::Version::HTTP_11, proxy_id);
         }
     }
 
     async fn route(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         let inner = &self.inner;
         let config = &inner.config;
-        proxy::request_filter(&req, config)?;
+        upstream::request_filter(&req, config)?;
         if let Some(preflight) = inner.cors.preflight(&req) {
             return Ok(preflight);
         }
@@ -360,7 +361,7 @@ impl Router {
         }
         let braid = BraidRequest::parse(req.headers())?;
         let method = req.method().clone();
-        if matches!(method, Method::GET | Method::HEAD) && proxy::needs_own_connection(&req) {
+        if matches!(method, Method::GET | Method::HEAD) && upstream::needs_own_connection(&req) {
             // A body on a GET: its answer may depend on it, so it is
             // neither stored nor shared; it goes up on its own connection.
             if braid.subscribe {
@@ -435,7 +436,7 @@ impl Router {
         }
         let (resource, _, ()) = inner.registry.get_or_create(
             &key,
-            || proxy::watcher_template(&req, &inner.config),
+            || upstream::watcher_template(&req, &inner.config),
             |_| (),
         )?;
         if inner.config.upstream_kind == UpstreamKind::Auto && resource.kind() == Kind::Unknown {
@@ -470,7 +471,7 @@ impl Router {
     }
 
     async fn pass_through(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
-        proxy::pass_through(req, &self.inner.client, &self.inner.config).await
+        upstream::pass_through(req, &self.inner.client, &self.inner.config).await
     }
 
     /// Asks the upstream for `resource` once (a GET with its template
@@ -499,7 +500,7 @@ impl Router {
     /// watchers at once (write-through).
     async fn unsafe_method(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         let path = key_of(&req);
-        let host = proxy::client_host(&req);
+        let host = upstream::client_host(&req);
         let response = self.pass_through(req).await?;
         let status = response.status();
         if status.is_success() || status.is_redirection() {
@@ -560,7 +561,7 @@ impl Router {
         if let Some(refused) = self.refuse_within_file_reserve(req.version()) {
             return Ok(refused);
         }
-        crate::serve::subscribe::speak_upstream(&mut req, &braid);
+        crate::braid::speak_upstream(&mut req, &braid);
         let headers = req.headers().clone();
         let (key, host) = self.request_key(&req);
         let path = key.path.clone();
@@ -576,7 +577,7 @@ impl Router {
                 .await?
             {
                 Relayed::Answer(mut response) => {
-                    crate::serve::subscribe::answer_in_own_dialect(&mut response, &braid);
+                    crate::braid::answer_in_own_dialect(&mut response, &braid);
                     return Ok(response);
                 }
                 Relayed::Plain {
@@ -589,7 +590,7 @@ impl Router {
                 Relayed::Poll { template } => (template, None),
             }
         } else {
-            (proxy::watcher_template(&req, &inner.config), None)
+            (upstream::watcher_template(&req, &inner.config), None)
         };
         let limit = inner.config.response_timeout + inner.config.connect_timeout;
         // Twice at most: the first answer may name a `Vary` under which

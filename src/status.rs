@@ -11,8 +11,8 @@ use crate::config::Config;
 use crate::feed::braid::Relays;
 use crate::limits::OpenFiles;
 use crate::metrics::Metrics;
-use crate::net::proxy::UpstreamHealth;
 use crate::state::{History, Kind, Registry, State};
+use crate::upstream::UpstreamHealth;
 
 /// At most this many resources are listed, the most subscribed first.
 pub const MAX_LISTED: usize = 500;

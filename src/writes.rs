@@ -18,16 +18,16 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use crate::braid::BraidRequest;
 use crate::braid::{self, DecodeError, DecodeLimits, Patch, PatchError, RangeUnit, VersionList};
-use crate::cache::Timing;
 use crate::config::Config;
 use crate::error::Refusal;
 use crate::feed::poll::{BodyFailure, Watchers};
+use crate::floor::body::{Body, RequestBody};
+use crate::floor::rules::Timing;
 use crate::metrics::Metrics;
-use crate::net::body::{Body, RequestBody};
-use crate::net::proxy;
-use crate::serve::subscribe::BraidRequest;
 use crate::state::{self, Change, Head, Resource, State, Ticket};
+use crate::upstream;
 
 /// How often the proxy looks again when the origin's document is not the
 /// state it holds, before it gives up with 503.
@@ -344,7 +344,7 @@ impl Write<'_> {
         }
         if !status.is_success() {
             self.resource.refresh();
-            return Ok(proxy::downstream_response(response, self.config));
+            return Ok(upstream::downstream_response(response, self.config));
         }
         // Answers to requests sent before now may show the document before
         // this write: they are not recorded (see Resource::record).
@@ -369,7 +369,7 @@ impl Write<'_> {
                 None
             }
         };
-        let mut response = proxy::downstream_response(response, self.config);
+        let mut response = upstream::downstream_response(response, self.config);
         let headers = response.headers_mut();
         let current = self.resource.head().version.clone();
         for (name, version) in [
@@ -513,7 +513,7 @@ impl Write<'_> {
         match self
             .writes
             .watchers
-            .read_body(crate::net::body::incoming(response.into_body()))
+            .read_body(crate::floor::body::incoming(response.into_body()))
             .await {
             Ok(body) => Ok(body),
             Err(BodyFailure::TooLarge) => Err(Refusal::ContentTooLarge(format!(
@@ -545,7 +545,7 @@ impl Write<'_> {
             headers.insert(header::CONTENT_TYPE, v);
         }
         let req = Request::from_parts(parts, Full::new(body));
-        let out = proxy::upstream_request(req, &self.writes.watchers.client, self.config)?;
+        let out = upstream::upstream_request(req, &self.writes.watchers.client, self.config)?;
         self.writes.watchers.client.send(out).await
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use braid_proxy::braid::{self, DecodeLimits, Decoder, VersionList};
 use braid_proxy::config::{Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Full};

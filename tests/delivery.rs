@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_proxy::config::{Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use bytes::Bytes;
 use http::{Method, Response};
 use http_body_util::Full;

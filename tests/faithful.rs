@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use braid_proxy::config::{Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::Full;

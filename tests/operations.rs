@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use braid_proxy::config::{Args, Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use bytes::Bytes;
 use clap::Parser;
 use http::Response;

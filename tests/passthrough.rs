@@ -31,7 +31,7 @@ mod support {
     use std::time::Duration;
 
     use braid_proxy::config::{Config, Upstream};
-    use braid_proxy::net::server::Server;
+    use braid_proxy::listen::server::Server;
     use bytes::Bytes;
     use http::{HeaderMap, Method, Request, Response, Uri};
     use http_body_util::combinators::BoxBody;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_proxy::config::{Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use http_body_util::{BodyExt, Full};

@@ -7,6 +7,7 @@ mod encode;
 mod frame;
 mod headers;
 mod patch;
+mod request;
 
 pub use decode::{decode_patches, parse_content_range, DecodeError, DecodeLimits, Decoder};
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
@@ -16,6 +17,7 @@ pub use headers::{
     MAX_VERSIONS, MAX_VERSION_ID_LEN,
 };
 pub use patch::{apply_patches, compose, PatchError};
+pub use request::{answer_in_own_dialect, speak_upstream, BraidRequest};
 
 use bytes::Bytes;
 

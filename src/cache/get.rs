@@ -10,16 +10,17 @@ use std::sync::Arc;
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 
 use super::range;
-use super::rules::{self as cache, Reuse, Timing};
+use crate::braid::BraidRequest;
 use crate::config::{Config, UpstreamKind};
 use crate::error::Refusal;
 use crate::feed::braid::Relays;
 use crate::feed::poll::Watchers;
+use crate::floor::body::{self, Body, RequestBody};
+use crate::floor::rules::{self, Reuse, Timing};
 use crate::metrics::Metrics;
-use crate::net::body::{self, Body, RequestBody};
-use crate::net::proxy::{self, UpstreamClient};
-use crate::serve::subscribe::{self, BraidRequest, CacheOutcome};
+use crate::serve::subscribe::{self, CacheOutcome};
 use crate::state::{Key, Kind, Registry, Resource, State, Stored, Ticket};
+use crate::upstream::{self, UpstreamClient};
 
 /// What the GET path reads and records: shared with the router.
 pub struct Gets {
@@ -73,7 +74,7 @@ impl FirstContact {
 impl Gets {
     /// The registry key of a request (its variant), and the host it named.
     pub fn request_key<B>(&self, req: &Request<B>) -> (Key, String) {
-        let host = proxy::client_host(req).unwrap_or_default();
+        let host = upstream::client_host(req).unwrap_or_default();
         let key = self.registry.key_for(&key_of(req), req.headers(), &host);
         (key, host)
     }
@@ -125,7 +126,7 @@ impl Gets {
     ) -> Result<Response<Body>, Refusal> {
         let last_try = waits >= MAX_WAITS;
         let inner = self;
-        let request_cc = cache::request_cache_control(req.headers());
+        let request_cc = rules::request_cache_control(req.headers());
         let h = req.headers();
         // A GET with Range is answered from a reusable stored 200 (ranges
         // of it, RFC 9110 §14), else passed through as it is.
@@ -138,7 +139,7 @@ impl Gets {
         if bypass {
             // Preconditions other than If-None-Match, If-Modified-Since
             // and If-Range are the origin's to evaluate.
-            let response = proxy::pass_through(req, &self.client, &self.config).await?;
+            let response = upstream::pass_through(req, &self.client, &self.config).await?;
             return Ok(with_cache_status(
                 response,
                 &inner.config.proxy_id,
@@ -176,7 +177,7 @@ impl Gets {
                 return Ok(only_if_cached_miss());
             }
             // Nothing reusable stored: the origin answers the range.
-            let response = proxy::pass_through(req, &self.client, &self.config).await?;
+            let response = upstream::pass_through(req, &self.client, &self.config).await?;
             return Ok(with_cache_status(
                 response,
                 &inner.config.proxy_id,
@@ -185,7 +186,7 @@ impl Gets {
         }
         if braid.version.is_some() && kind == Kind::Plain {
             // A version the proxy does not hold: the origin's to answer.
-            let response = proxy::pass_through(req, &self.client, &self.config).await?;
+            let response = upstream::pass_through(req, &self.client, &self.config).await?;
             return Ok(with_cache_status(
                 response,
                 &inner.config.proxy_id,
@@ -273,7 +274,7 @@ impl Gets {
         req: &Request<B>,
         braid: &BraidRequest,
         resource: &Arc<Resource>,
-        request_cc: &cache::CacheControl,
+        request_cc: &rules::CacheControl,
         at: (&Key, &str),
         validated_since_arrival: bool,
     ) -> Option<Response<Body>> {
@@ -314,7 +315,7 @@ impl Gets {
             match stored.reuse(request_cc, now) {
                 Reuse::Fresh { ttl } => CacheOutcome::Hit { ttl },
                 Reuse::Revalidate => {
-                    let ttl = cache::stale_while_revalidate(
+                    let ttl = rules::stale_while_revalidate(
                         stored.status,
                         &stored.headers,
                         stored.timing,
@@ -360,7 +361,7 @@ impl Gets {
             headers.remove(name);
         }
         *out.headers_mut() = headers;
-        if let Some(conn) = req.extensions().get::<proxy::ConnInfo>() {
+        if let Some(conn) = req.extensions().get::<upstream::ConnInfo>() {
             out.extensions_mut().insert(*conn);
         }
         let (inner, key, host, resource) = (
@@ -411,7 +412,7 @@ async fn fetch(
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 ) -> Result<Response<Body>, Refusal> {
     let config = &inner.config;
-    let request_cc = cache::request_cache_control(req.headers());
+    let request_cc = rules::request_cache_control(req.headers());
     let stored = resource.as_ref().and_then(|r| r.stored());
     let mut probe = Request::new(());
     *probe.method_mut() = req.method().clone();
@@ -425,9 +426,9 @@ async fn fetch(
         true => versioned,
         false => String::new(),
     };
-    let template = proxy::watcher_template(&req, config);
+    let template = upstream::watcher_template(&req, config);
     let credentials = req.headers().contains_key(header::AUTHORIZATION);
-    let mut out = proxy::upstream_request(req, &inner.client, config)?;
+    let mut out = upstream::upstream_request(req, &inner.client, config)?;
     let validators = stored.as_ref().map(|s| {
         (
             s.headers.get(header::ETAG).cloned(),
@@ -454,7 +455,7 @@ async fn fetch(
             && s.version
                 .as_ref()
                 .map_or(true, |v| head.is_some_and(|h| *v == h.version))
-            && cache::stale_if_error(
+            && rules::stale_if_error(
                 s.status,
                 &s.headers,
                 s.timing,
@@ -481,7 +482,7 @@ async fn fetch(
         Ok(response) => response,
         Err(refusal) => return stale_if_error(None).ok_or(refusal),
     };
-    if cache::is_origin_error(response.status()) {
+    if rules::is_origin_error(response.status()) {
         if let Some(answer) = stale_if_error(Some(response.status())) {
             return Ok(answer);
         }
@@ -516,11 +517,11 @@ async fn fetch(
         // A 200 to a HEAD freshens the stored GET answer it describes, and
         // invalidates one it does not (RFC 9111 §4.3.5).
         let describes = old.status == StatusCode::OK
-            && cache::head_updates(&old.headers, old.body.len(), response.headers());
+            && rules::head_updates(&old.headers, old.body.len(), response.headers());
         if describes {
             if let Some(recording) = resource.record(ticket) {
                 let mut updated = Stored::clone(old);
-                updated.headers = cache::merge_not_modified(&old.headers, response.headers());
+                updated.headers = rules::merge_not_modified(&old.headers, response.headers());
                 updated.timing = timing;
                 updated.invalid = false;
                 resource.set_stored(Some(updated));
@@ -545,7 +546,7 @@ async fn fetch(
     let not_stored = if probe.method() == Method::HEAD {
         Some("head")
     } else {
-        cache::unstorable(&request_cc, status, response.headers(), credentials)
+        rules::unstorable(&request_cc, status, response.headers(), credentials)
     };
     let declared = response
         .headers()
@@ -566,13 +567,13 @@ async fn fetch(
         Some(_) => None,
     };
     let not_stored = not_stored.or_else(|| copy.is_none().then_some("busy"));
-    let mut response = proxy::downstream_response(response, config);
+    let mut response = upstream::downstream_response(response, config);
     let mut first_held = None;
     let target: Result<(Arc<Resource>, Option<tokio::sync::OwnedMutexGuard<()>>), &'static str> =
         match not_stored {
             Some(reason) => Err(reason),
             None => {
-                let vary = cache::vary(response.headers());
+                let vary = rules::vary(response.headers());
                 if vary != key.vary {
                     // Requests of the variant this answer goes under that
                     // come before it is stored wait for it, as at first
@@ -580,7 +581,7 @@ async fn fetch(
                     // recorded, so none of them can miss it).
                     let mut next = Key {
                         path: key.path.clone(),
-                        secondary: cache::secondary_key(probe.headers(), &host, &vary),
+                        secondary: rules::secondary_key(probe.headers(), &host, &vary),
                         vary: vary.clone(),
                     };
                     next.secondary.push_str(&versioned);

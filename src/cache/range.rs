@@ -7,7 +7,7 @@
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 
-use crate::net::body::{self, Body};
+use crate::floor::body::{self, Body};
 
 /// Most ranges answered in one request; more are answered with the whole
 /// representation (RFC 9110 §14.2 lets a server ignore such a `Range`).

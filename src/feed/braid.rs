@@ -50,18 +50,19 @@ use hyper::body::Incoming;
 use tokio::sync::{watch, Notify};
 use tracing::{debug, warn};
 
+use crate::braid::BraidRequest;
 use crate::braid::{self, FrameError, Framer, Patch, Piece, VersionList};
-use crate::cache::{self, Timing, Vary};
 use crate::config::{Config, UpstreamKind};
 use crate::error::Refusal;
+use crate::floor::body::{Body, RequestBody};
+use crate::floor::headers;
+use crate::floor::rules::{self, Timing, Vary};
 use crate::metrics::Metrics;
-use crate::net::body::{Body, RequestBody};
-use crate::net::proxy::{self, UpstreamClient};
 use crate::serve::cursor::{Cursor, Parts};
 use crate::serve::direct;
-use crate::serve::subscribe::BraidRequest;
 use crate::state::window::{Frozen, Step, Window};
 use crate::state::{Key, Registry, Ticket};
+use crate::upstream::{self, UpstreamClient};
 
 /// The relays of one proxy: its live sessions and what it knows of its upstream.
 pub struct Relays {
@@ -516,7 +517,7 @@ impl Relays {
         known_braid: bool,
     ) -> Result<Relayed, Refusal> {
         let path = path_of(&req);
-        let host = proxy::client_host(&req).unwrap_or_default();
+        let host = upstream::client_host(&req).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + self.config.response_timeout;
         // Let the I/O that is already in (such as the close of a client
         // that left just before this request came) be processed first, so
@@ -550,7 +551,7 @@ impl Relays {
                 // it is in, this request's own variant (its `Vary` may be
                 // known by then) is either that resource or a new one.
                 let _ = tokio::time::timeout_at(deadline, tick.wait_for(|t| t.seeded)).await;
-                let template = proxy::watcher_template(&req, &self.config);
+                let template = upstream::watcher_template(&req, &self.config);
                 return Ok(Relayed::Poll { template });
             }
             if opened {
@@ -699,9 +700,9 @@ impl Relays {
         session: Arc<Session>,
         known_braid: bool,
     ) -> Result<Relayed, Refusal> {
-        let template = proxy::watcher_template(&req, &self.config);
+        let template = upstream::watcher_template(&req, &self.config);
         let opener_headers = req.headers().clone();
-        let host = proxy::client_host(&req).unwrap_or_default();
+        let host = upstream::client_host(&req).unwrap_or_default();
         // Should this request be cancelled (its client gone) before the
         // upstream answers, the session must not stay pending.
         let _pending = Pending {
@@ -716,7 +717,7 @@ impl Relays {
         let out = self
             .registry
             .make_room()
-            .and_then(|()| proxy::upstream_request(req, &self.client, &self.config));
+            .and_then(|()| upstream::upstream_request(req, &self.client, &self.config));
         let out = match out {
             Ok(out) => out,
             Err(refusal) => {
@@ -724,7 +725,7 @@ impl Relays {
                 return Err(refusal);
             }
         };
-        *lock(&session.request) = Some((out.uri().clone(), proxy::owned_headers(out.headers())));
+        *lock(&session.request) = Some((out.uri().clone(), headers::owned_headers(out.headers())));
         let sent = SystemTime::now();
         let ticket = Ticket::take();
         let response = match self.client.send_watch(out).await {
@@ -753,7 +754,7 @@ impl Relays {
             session.tick.send_modify(|t| t.plain = plain);
             if !plain {
                 failed(self);
-                return Ok(Relayed::Answer(proxy::downstream_response(
+                return Ok(Relayed::Answer(upstream::downstream_response(
                     response,
                     &self.config,
                 )));
@@ -782,14 +783,14 @@ impl Relays {
         let (mut parts, body) = response.into_parts();
         self.learn_keys(&session, &parts.headers, &opener_headers, &host);
         lock(&session.model).linear = !parts.headers.contains_key("merge-type");
-        proxy::strip_hop_by_hop(&mut parts.headers);
+        headers::strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::CONTENT_LENGTH);
-        proxy::append_via(&mut parts.headers, parts.version, &self.config.proxy_id);
+        upstream::append_via(&mut parts.headers, parts.version, &self.config.proxy_id);
         let silence = silence_limit(&parts.headers);
         *lock(&session.head) = Some(RelayedHead {
             status: parts.status,
             reason: parts.extensions.get::<hyper::ext::ReasonPhrase>().cloned(),
-            headers: proxy::owned_headers(&parts.headers),
+            headers: headers::owned_headers(&parts.headers),
         });
         session.subscribers.fetch_add(1, Relaxed);
         session.tick.send_modify(|t| t.opened = Some(true));
@@ -805,7 +806,7 @@ impl Relays {
     /// (`private`, `Set-Cookie`, `Vary: *`) is never joined.
     fn learn_keys(&self, session: &Session, answer: &HeaderMap, opener: &HeaderMap, host: &str) {
         let vary = subscription_vary(answer);
-        let cc = cache::CacheControl::parse(answer);
+        let cc = rules::CacheControl::parse(answer);
         let _sessions = lock(&self.sessions);
         self.registry.learn_braid(&session.path);
         self.registry.record_vary(&session.path, &vary);
@@ -1100,7 +1101,7 @@ impl Relays {
         let mut wait = Duration::from_millis(100);
         let mut closing = self.closing.clone();
         while tokio::time::Instant::now() < deadline {
-            let mut req = Request::new(crate::net::body::empty());
+            let mut req = Request::new(crate::floor::body::empty());
             *req.uri_mut() = uri.clone();
             *req.headers_mut() = headers.clone();
             let answer = tokio::time::timeout_at(deadline, self.client.send_watch(req)).await;
@@ -1757,7 +1758,7 @@ fn add_values(out: &mut String, headers: &HeaderMap, names: &[&str]) {
 /// A 209's `Vary` without Braid's own request headers (braid-http's
 /// server names `Version, Parents, Subscribe`), which every relay key has.
 fn subscription_vary(headers: &HeaderMap) -> Vary {
-    match cache::vary(headers) {
+    match rules::vary(headers) {
         Vary::Names(names) => {
             let names: Vec<_> = names
                 .into_iter()
@@ -1789,7 +1790,7 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         .status
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    let mut response = Response::new(crate::net::body::empty());
+    let mut response = Response::new(crate::floor::body::empty());
     let h = response.headers_mut();
     for (name, value) in &known.headers {
         h.insert(name.clone(), value.clone());
@@ -1817,7 +1818,7 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         .get_all(header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|v| cache::if_none_match(v, tag));
+        .any(|v| rules::if_none_match(v, tag));
     if let Some(etag) = etag {
         h.insert(header::ETAG, etag);
     }
@@ -1834,7 +1835,7 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         http::HeaderValue::from(known.body.len()),
     );
     if req.method() != http::Method::HEAD {
-        *response.body_mut() = crate::net::body::full(known.body.clone());
+        *response.body_mut() = crate::floor::body::full(known.body.clone());
     }
     response
 }

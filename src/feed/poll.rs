@@ -22,13 +22,13 @@ use hyper::body::Incoming;
 use tracing::{debug, warn};
 
 use crate::braid::VersionList;
-use crate::cache::{self, Timing};
+use crate::floor::body;
+use crate::floor::rules::{self, Timing};
 use crate::metrics::Metrics;
-use crate::net::body;
-use crate::net::proxy::UpstreamClient;
 use crate::state::{
     AnswerRules, Change, History, Registry, Resource, State, Stored, Ticket, Tuning,
 };
+use crate::upstream::UpstreamClient;
 
 /// What a watcher needs, shared by all of them.
 pub struct Watchers {
@@ -173,7 +173,7 @@ impl Watchers {
         &self,
         resource: &Resource,
         if_none_match: Option<HeaderValue>,
-    ) -> Result<Request<crate::net::body::Body>, crate::error::Refusal> {
+    ) -> Result<Request<crate::floor::body::Body>, crate::error::Refusal> {
         let mut req = Request::new(body::empty());
         *req.method_mut() = Method::GET;
         *req.uri_mut() = self.client.uri_for(resource.key())?;
@@ -258,7 +258,7 @@ impl Watchers {
         let body = if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
             Err(BodyFailure::TooLarge)
         } else {
-            self.read_body(crate::net::body::incoming(body)).await
+            self.read_body(crate::floor::body::incoming(body)).await
         };
         let body = match body {
             Ok(body) => body,
@@ -281,8 +281,8 @@ impl Watchers {
         // The watcher asked for no content coding; a stored copy for plain
         // GETs is only kept where that does not change the variant.
         let for_gets = !matches!(
-            cache::vary(&parts.headers),
-            cache::Vary::Names(ref names) if names.contains(&header::ACCEPT_ENCODING)
+            rules::vary(&parts.headers),
+            rules::Vary::Names(ref names) if names.contains(&header::ACCEPT_ENCODING)
         );
         self.absorb_fetched(
             &resource,
@@ -308,7 +308,7 @@ impl Watchers {
         ticket: Ticket,
     ) -> Heard {
         let (parts, body) = response.into_parts();
-        let body = match self.read_body(crate::net::body::incoming(body)).await {
+        let body = match self.read_body(crate::floor::body::incoming(body)).await {
             Ok(body) => body,
             // Its status is what matters; a body over the limit is not kept.
             Err(BodyFailure::TooLarge) => Bytes::new(),
@@ -348,8 +348,8 @@ impl Watchers {
         resource: &Arc<Resource>,
         headers: &http::HeaderMap,
     ) -> Result<(), crate::error::Refusal> {
-        let vary = cache::vary(headers);
-        let cc = cache::CacheControl::parse(headers);
+        let vary = rules::vary(headers);
+        let cc = rules::CacheControl::parse(headers);
         let personal = cc.private || cc.no_store || headers.contains_key(header::SET_COOKIE);
         resource.set_answer_rules(AnswerRules {
             vary: vary.clone(),
@@ -365,7 +365,7 @@ impl Watchers {
                 .get("x-forwarded-host")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            let moved = vary != cache::Vary::Any && self.registry.rekey(resource, &vary, host);
+            let moved = vary != rules::Vary::Any && self.registry.rekey(resource, &vary, host);
             if moved {
                 keyed_under = vary.clone();
             } else {
@@ -398,7 +398,7 @@ impl Watchers {
         let Some(stored) = resource.stored() else {
             return false;
         };
-        if !cache::not_modified_applies(&stored.headers, etag, modified, headers) {
+        if !rules::not_modified_applies(&stored.headers, etag, modified, headers) {
             debug!(
                 resource = resource.key(),
                 "304 names another validator than the stored answer's; not merged"
@@ -406,7 +406,7 @@ impl Watchers {
             return false;
         }
         let mut updated = Stored::clone(&stored);
-        updated.headers = cache::merge_not_modified(&stored.headers, headers);
+        updated.headers = rules::merge_not_modified(&stored.headers, headers);
         updated.timing = timing;
         updated.invalid = false;
         resource.set_stored(Some(updated));
@@ -478,7 +478,7 @@ impl Watchers {
         if for_gets {
             resource.set_stored(Some(Stored {
                 status,
-                headers: cache::stored_headers(headers),
+                headers: rules::stored_headers(headers),
                 body: if body_is_head { head.body() } else { body },
                 timing,
                 version: body_is_head.then(|| head.version.clone()),
@@ -497,7 +497,7 @@ impl Watchers {
     /// Reads a body up to the limit, bounded in time by the response timeout.
     pub(crate) async fn read_body(
         &self,
-        body: crate::net::body::RequestBody,
+        body: crate::floor::body::RequestBody,
     ) -> Result<Bytes, BodyFailure> {
         let limited = http_body_util::Limited::new(body, self.max_body_bytes);
         match tokio::time::timeout(self.response_timeout, limited.collect()).await {

@@ -19,8 +19,8 @@ use tokio::sync::watch;
 
 use super::direct::Link;
 use crate::braid;
+use crate::floor::body::{Body, Chunk};
 use crate::metrics::Metrics;
-use crate::net::body::{Body, Chunk};
 use crate::state::window::{Step, Window, NONE};
 
 /// A subscriber's position in a window, and what wakes it.
@@ -89,7 +89,7 @@ impl<T: Send + Sync + 'static> Cursor<T> {
     }
 
     /// The next frame for this subscriber, waiting until there is one.
-    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::net::body::BoxError>, Self)> {
+    async fn next(mut self) -> Option<(Result<Frame<Chunk>, crate::floor::body::BoxError>, Self)> {
         loop {
             if *self.closing.borrow() {
                 return None;

@@ -1,7 +1,7 @@
 //! Direct delivery: one pass per update writes it to every caught-up
 //! HTTP/1.1 subscriber's socket, instead of waking one task per subscriber.
 //!
-//! A subscription answered on the fast path ([`crate::net::fastpath`]) that has
+//! A subscription answered on the listener's HTTP/1.1 fast path that has
 //! sent everything up to its window's head *parks*: its connection task
 //! stops polling the subscription body (so nothing wakes it on a change)
 //! and registers its socket in the window's [`Parked`] set. The window is
@@ -31,10 +31,11 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::floor::chunk::chunk;
 use crate::metrics::Metrics;
 use crate::state::window::{self, Frozen, Window, NONE};
 
@@ -633,16 +634,6 @@ fn deliver(entry: &Entry, pass: &Pass, tally: &mut Tally) {
 fn hand_back(link: &Link) {
     link.state.store(RETURNED, Release);
     link.returned.notify_one();
-}
-
-/// `data` as one HTTP/1.1 chunk.
-pub fn chunk(data: &[u8]) -> Bytes {
-    let size = crate::net::fastpath::ChunkSize::new(data.len());
-    let mut out = BytesMut::with_capacity(size.as_bytes().len() + data.len() + 2);
-    out.put_slice(size.as_bytes());
-    out.put_slice(data);
-    out.put_slice(b"\r\n");
-    out.freeze()
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::Refusal;
-use crate::net::body::{self, Body, BoxError, Chunk};
+use crate::floor::body::{self, Body, BoxError, Chunk};
 
 /// The protocol version this module speaks.
 pub const VERSION: &str = "1.0";
@@ -663,6 +663,19 @@ mod tests {
     use super::*;
     use bytes::Buf;
     use http_body_util::BodyExt;
+
+    #[test]
+    fn the_default_limits_are_the_configs_defaults() {
+        let (d, mux) = (crate::config::Config::default(), Limits::default());
+        assert_eq!(
+            (
+                d.max_multiplexers,
+                d.max_multiplexed_requests,
+                d.multiplexer_idle
+            ),
+            (mux.max_multiplexers, mux.max_requests, mux.idle)
+        );
+    }
 
     fn req(method: &str, path: &str, headers: &[(&str, &str)]) -> Request<()> {
         let mut b = Request::builder().method(method).uri(path);

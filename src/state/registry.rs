@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use http::HeaderMap;
 
 use super::resource::{lock, Kind, Resource};
-use crate::cache::{self, Vary};
 use crate::error::Refusal;
+use crate::floor::rules::{self, Vary};
 use crate::metrics::Metrics;
 
 /// One resource's place under `--max-private-resources`: taken by
@@ -35,7 +35,7 @@ impl Drop for PrivateSlot {
 pub(super) const RESOURCE_OVERHEAD: usize = 4096;
 
 /// Where a resource sits in the registry: the URL (path and query), and
-/// the variant within it ([`cache::secondary_key`]).
+/// the variant within it ([`rules::secondary_key`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Key {
     pub path: String,
@@ -137,7 +137,7 @@ impl Registry {
         let vary = urls.get(path).map(|v| v.vary.clone()).unwrap_or_default();
         Key {
             path: path.to_string(),
-            secondary: cache::secondary_key(headers, host, &vary),
+            secondary: rules::secondary_key(headers, host, &vary),
             vary,
         }
     }
@@ -148,7 +148,7 @@ impl Registry {
         self.record_vary(path, vary);
         Key {
             path: path.to_string(),
-            secondary: cache::secondary_key(headers, host, vary),
+            secondary: rules::secondary_key(headers, host, vary),
             vary: vary.clone(),
         }
     }
@@ -330,7 +330,7 @@ impl Registry {
         let mut urls = lock(&self.urls);
         let variants = urls.entry(resource.key.clone()).or_default();
         variants.vary = vary.clone();
-        let secondary = cache::secondary_key(&resource.template, host, vary);
+        let secondary = rules::secondary_key(&resource.template, host, vary);
         let mut variant = lock(&resource.variant);
         let tracked = variants
             .by_key

@@ -17,9 +17,9 @@ use tokio::sync::{watch, Notify};
 
 use super::registry::{Key, PrivateSlot, RESOURCE_OVERHEAD};
 use crate::braid::{self, Patch, Update, VersionId, VersionList};
-use crate::cache::{Timing, Vary};
 use crate::diff;
 use crate::error::Refusal;
+use crate::floor::rules::{Timing, Vary};
 use crate::metrics::Metrics;
 
 /// What the origin last said about a resource.
@@ -119,23 +119,24 @@ pub struct Stored {
     /// ([`crate::serve::subscribe::serve_stored`]).
     pub prepared: Memo<Prepared>,
     /// What its own headers say about its freshness, computed on first use.
-    pub freshness: Memo<crate::cache::Freshness>,
+    pub freshness: Memo<crate::floor::rules::Freshness>,
 }
 
 impl Stored {
-    /// [`crate::cache::reuse`] for this stored answer.
+    /// [`crate::floor::rules::reuse`] for this stored answer.
     pub fn reuse(
         &self,
-        request: &crate::cache::CacheControl,
+        request: &crate::floor::rules::CacheControl,
         now: SystemTime,
-    ) -> crate::cache::Reuse {
-        crate::cache::reuse_known(self.freshness(), request, now)
+    ) -> crate::floor::rules::Reuse {
+        crate::floor::rules::reuse_known(self.freshness(), request, now)
     }
 
     /// What its own headers say about its freshness.
-    pub fn freshness(&self) -> &crate::cache::Freshness {
-        self.freshness
-            .get_or_init(|| crate::cache::Freshness::of(self.status, &self.headers, self.timing))
+    pub fn freshness(&self) -> &crate::floor::rules::Freshness {
+        self.freshness.get_or_init(|| {
+            crate::floor::rules::Freshness::of(self.status, &self.headers, self.timing)
+        })
     }
 }
 

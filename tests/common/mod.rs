@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_proxy::config::{Config, Upstream};
-use braid_proxy::net::server::Server;
+use braid_proxy::listen::server::Server;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;

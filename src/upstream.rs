@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -17,8 +17,9 @@ use tracing::debug;
 
 use crate::config::{Config, Upstream};
 use crate::error::{describe, Refusal};
+use crate::floor::body::{self, Body, ClientFault};
+use crate::floor::headers::{owned_headers, strip_hop_by_hop};
 use crate::metrics::Metrics;
-use crate::net::body::{self, Body, ClientFault};
 
 /// Facts about the connection a request arrived on, put in its extensions.
 #[derive(Debug, Clone, Copy)]
@@ -442,56 +443,6 @@ fn second_token(entry: &[u8]) -> Option<&[u8]> {
     (second > 0).then(|| &rest[..second])
 }
 
-/// A copy of `headers` whose values own their bytes. hyper parses a
-/// message's header values as slices of its connection's read buffer (8 or
-/// 16 KiB), so a value kept after the message is gone keeps that whole
-/// buffer alive: what is held long (a watcher's template, a stored answer,
-/// a relayed head) is copied out.
-pub fn owned_headers(headers: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers {
-        let Ok(mut copy) = HeaderValue::from_bytes(value.as_bytes()) else {
-            continue;
-        };
-        copy.set_sensitive(value.is_sensitive());
-        out.append(name.clone(), copy);
-    }
-    out
-}
-
-/// Removes the hop-by-hop headers: `Connection` and every header it names,
-/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-    let proxy: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("proxy-"))
-        .cloned()
-        .collect();
-    for name in proxy {
-        headers.remove(name);
-    }
-}
-
 /// The `Via` entry this proxy adds for a message of the given version.
 fn via_entry(version: Version, id: &str) -> String {
     let protocol = match version {
@@ -606,7 +557,7 @@ fn forwarded_headers(
     forwarded_for(&mut headers, conn, host);
     headers.append(
         "surrogate-capability",
-        HeaderValue::from_static(crate::cache::SURROGATE_CAPABILITY),
+        HeaderValue::from_static(crate::floor::rules::SURROGATE_CAPABILITY),
     );
     headers
 }
@@ -661,7 +612,7 @@ pub fn upstream_request<B>(
 ) -> Result<Request<Body>, Refusal>
 where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<crate::net::body::BoxError>,
+    B::Error: Into<crate::floor::body::BoxError>,
 {
     let host = client_host(&req);
     let own_connection = needs_own_connection(&req);
@@ -751,7 +702,7 @@ pub fn downstream_response(response: Response<Incoming>, config: &Config) -> Res
 
 /// Plain pass-through of one request.
 pub async fn pass_through(
-    req: Request<crate::net::body::RequestBody>,
+    req: Request<crate::floor::body::RequestBody>,
     client: &UpstreamClient,
     config: &Config,
 ) -> Result<Response<Body>, Refusal> {

@@ -18,7 +18,7 @@ pub type Body = UnsyncBoxBody<Chunk, BoxError>;
 
 /// The body of a client request as the router sees it: hyper's `Incoming`
 /// boxed, or an empty body for a request the proxy parsed itself
-/// ([`crate::net::fastpath`]).
+/// ([`crate::listen::fastpath`]).
 /// (`Sync` too, as `Incoming` is: requests are borrowed across awaits.)
 /// Its error is hyper's (an empty body never fails), a concrete type.
 pub type RequestBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;

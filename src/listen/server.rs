@@ -20,12 +20,12 @@ use tracing::{debug, info, warn};
 
 use crate::admin;
 use crate::config::Config;
+use crate::floor::body::BoxError;
 use crate::limits::{AcceptErrors, ClientConnection};
-use crate::net::body::BoxError;
-use crate::net::coalesce::Coalesce;
-use crate::net::fastpath;
-use crate::net::proxy::ConnInfo;
+use crate::listen::coalesce::Coalesce;
+use crate::listen::fastpath;
 use crate::router::Router;
+use crate::upstream::ConnInfo;
 
 /// How often the descriptors other than client connections are counted.
 const FILES_COUNTED_EVERY: Duration = Duration::from_secs(1);
@@ -393,7 +393,7 @@ async fn serve_h2(
 
 /// What the service of a connection returns for one request.
 type Answer = std::pin::Pin<
-    Box<dyn Future<Output = Result<http::Response<crate::net::body::Body>, Infallible>> + Send>,
+    Box<dyn Future<Output = Result<http::Response<crate::floor::body::Body>, Infallible>> + Send>,
 >;
 
 /// The service of one connection. The request future is boxed: hyper keeps
@@ -412,7 +412,7 @@ fn service(
     served: Option<Arc<AtomicBool>>,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
-    Response = http::Response<crate::net::body::Body>,
+    Response = http::Response<crate::floor::body::Body>,
     Error = Infallible,
     Future = Answer,
 > + Clone {
@@ -422,7 +422,7 @@ fn service(
         }
         answer(
             router.clone(),
-            req.map(crate::net::body::incoming),
+            req.map(crate::floor::body::incoming),
             conn_info,
         )
     })
@@ -432,7 +432,7 @@ fn service(
 /// polled, and `Router::handle`'s future, boxed then (see `service`).
 fn answer(
     router: Router,
-    req: http::Request<crate::net::body::RequestBody>,
+    req: http::Request<crate::floor::body::RequestBody>,
     conn: ConnInfo,
 ) -> Answer {
     Box::pin(async move {
@@ -445,11 +445,11 @@ fn answer(
 mod tests {
     use super::*;
 
-    fn request() -> http::Request<crate::net::body::RequestBody> {
+    fn request() -> http::Request<crate::floor::body::RequestBody> {
         http::Request::builder()
             .uri("/doc")
             .header("subscribe", "true")
-            .body(crate::net::body::no_request_body())
+            .body(crate::floor::body::no_request_body())
             .expect("request")
     }
 

@@ -30,7 +30,8 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 
-use crate::net::body::{self, Body, RequestBody};
+use crate::floor::body::{self, Body, RequestBody};
+use crate::floor::chunk::ChunkSize;
 use crate::serve::direct;
 
 /// Longest request head looked at; a longer one goes to hyper.
@@ -378,34 +379,6 @@ fn encode_head(parts: &http::response::Parts, length: Option<u64>, bodiless: boo
     out
 }
 
-/// A chunk-size line (`<hex>\r\n`) on the stack.
-pub(crate) struct ChunkSize {
-    bytes: [u8; 18],
-    start: usize,
-}
-
-impl ChunkSize {
-    pub(crate) fn new(mut n: usize) -> ChunkSize {
-        let mut bytes = [0u8; 18];
-        bytes[16] = b'\r';
-        bytes[17] = b'\n';
-        let mut start = 16;
-        loop {
-            start -= 1;
-            bytes[start] = b"0123456789abcdef"[n & 15];
-            n >>= 4;
-            if n == 0 {
-                break;
-            }
-        }
-        ChunkSize { bytes, start }
-    }
-
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[self.start..]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,17 +414,6 @@ mod tests {
         assert_eq!(
             take(&format!("GET / HTTP/1.1\r\nSubscribe: true\r\n{many}\r\n")),
             None
-        );
-    }
-
-    #[test]
-    fn chunk_size_lines() {
-        assert_eq!(ChunkSize::new(0).as_bytes(), b"0\r\n");
-        assert_eq!(ChunkSize::new(255).as_bytes(), b"ff\r\n");
-        assert_eq!(ChunkSize::new(0x1234_5678).as_bytes(), b"12345678\r\n");
-        assert_eq!(
-            ChunkSize::new(usize::MAX).as_bytes(),
-            b"ffffffffffffffff\r\n"
         );
     }
 

@@ -697,8 +697,8 @@ pub fn not_modified_since(last_modified: Option<&HeaderValue>, if_modified_since
 
 /// The end-to-end headers of a response, as a cache stores them.
 pub fn stored_headers(headers: &HeaderMap) -> HeaderMap {
-    let mut out = crate::net::proxy::owned_headers(headers);
-    crate::net::proxy::strip_hop_by_hop(&mut out);
+    let mut out = crate::floor::headers::owned_headers(headers);
+    crate::floor::headers::strip_hop_by_hop(&mut out);
     out.remove(header::CONTENT_LENGTH);
     out
 }

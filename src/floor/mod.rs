@@ -1,0 +1,10 @@
+//! The ground floor: what every layer stands on and that imports nothing
+//! above it (with [`crate::braid`], [`crate::error`], [`crate::config`],
+//! [`crate::metrics`]): response and request bodies ([`body`]), header
+//! helpers ([`headers`]), HTTP/1.1 chunk framing ([`chunk`]), and RFC
+//! 9111's rules as pure functions ([`rules`]).
+
+pub mod body;
+pub mod chunk;
+pub mod headers;
+pub mod rules;
