@@ -32,6 +32,7 @@ pub mod admin;
 pub mod braid;
 pub mod cache;
 pub mod config;
+pub mod deliver;
 pub mod demo;
 pub mod diff;
 pub mod error;

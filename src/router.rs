@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::braid::BraidRequest;
-use crate::cache::get::{key_of, Gets};
+use crate::cache::get::Gets;
 use crate::config::{Config, MultiplexMode, UpstreamKind};
 use crate::error::Refusal;
 use crate::feed::braid::{Relayed, Relays};
@@ -499,7 +499,7 @@ impl Router {
     /// `Content-Location` it names (RFC 9111 §4.4), and revalidates their
     /// watchers at once (write-through).
     async fn unsafe_method(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
-        let path = key_of(&req);
+        let path = crate::state::path_of(&req);
         let host = upstream::client_host(&req);
         let response = self.pass_through(req).await?;
         let status = response.status();

@@ -75,7 +75,9 @@ impl Gets {
     /// The registry key of a request (its variant), and the host it named.
     pub fn request_key<B>(&self, req: &Request<B>) -> (Key, String) {
         let host = upstream::client_host(req).unwrap_or_default();
-        let key = self.registry.key_for(&key_of(req), req.headers(), &host);
+        let key = self
+            .registry
+            .key_for(&crate::state::path_of(req), req.headers(), &host);
         (key, host)
     }
 
@@ -817,13 +819,4 @@ fn only_if_cached_miss() -> Response<Body> {
     ));
     *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
     response
-}
-
-/// The registry key of a request: its path and query.
-pub fn key_of<B>(req: &Request<B>) -> String {
-    req.uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/")
-        .to_string()
 }

@@ -53,14 +53,15 @@ use tracing::{debug, warn};
 use crate::braid::BraidRequest;
 use crate::braid::{self, FrameError, Framer, Patch, Piece, VersionList};
 use crate::config::{Config, UpstreamKind};
+use crate::deliver::cursor::{Cursor, Parts};
+use crate::deliver::direct;
+use crate::deliver::window::{Frozen, Step, Window};
 use crate::error::Refusal;
 use crate::floor::body::{Body, RequestBody};
 use crate::floor::headers;
 use crate::floor::rules::{self, Timing, Vary};
+use crate::floor::sync::lock;
 use crate::metrics::Metrics;
-use crate::serve::cursor::{Cursor, Parts};
-use crate::serve::direct;
-use crate::state::window::{Frozen, Step, Window};
 use crate::state::{Key, Registry, Ticket};
 use crate::upstream::{self, UpstreamClient};
 
@@ -516,7 +517,7 @@ impl Relays {
         braid: &BraidRequest,
         known_braid: bool,
     ) -> Result<Relayed, Refusal> {
-        let path = path_of(&req);
+        let path = crate::state::path_of(&req);
         let host = upstream::client_host(&req).unwrap_or_default();
         let deadline = tokio::time::Instant::now() + self.config.response_timeout;
         // Let the I/O that is already in (such as the close of a client
@@ -1774,14 +1775,6 @@ fn subscription_vary(headers: &HeaderMap) -> Vary {
     }
 }
 
-/// The path and query of a request, its URL in the registry.
-fn path_of<B>(req: &Request<B>) -> String {
-    req.uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string()
-}
-
 /// A GET answered from a live model: its status and representation
 /// headers, `Version`, `Current-Version`, `Repr-Digest`, an `ETag` naming
 /// the version, and `Cache-Status`; 304 when `If-None-Match` names it.
@@ -1838,10 +1831,6 @@ fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) -> Response<B
         *response.body_mut() = crate::floor::body::full(known.body.clone());
     }
     response
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -2,9 +2,11 @@
 //! above it (with [`crate::braid`], [`crate::error`], [`crate::config`],
 //! [`crate::metrics`]): response and request bodies ([`body`]), header
 //! helpers ([`headers`]), HTTP/1.1 chunk framing ([`chunk`]), and RFC
-//! 9111's rules as pure functions ([`rules`]).
+//! 9111's rules as pure functions ([`rules`]), and the one
+//! lock helper ([`sync::lock`]).
 
 pub mod body;
 pub mod chunk;
 pub mod headers;
 pub mod rules;
+pub mod sync;

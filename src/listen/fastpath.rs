@@ -30,9 +30,9 @@ use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 
+use crate::deliver::direct;
 use crate::floor::body::{self, Body, RequestBody};
 use crate::floor::chunk::ChunkSize;
-use crate::serve::direct;
 
 /// Longest request head looked at; a longer one goes to hyper.
 const PEEK_BYTES: usize = 4096;

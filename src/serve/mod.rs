@@ -1,9 +1,7 @@
-//! The subscriber's side: a subscription's 209 ([`subscribe`]), its one
-//! [`cursor::Cursor`] type into either feed's window ([`cursor`]), direct delivery of one change to every
-//! parked socket ([`direct`]), and braid-http's multiplexer
-//! ([`multiplex`]).
+//! The subscriber's side of a request: a subscription's 209 and the
+//! answers made from state ([`subscribe`]), and braid-http's multiplexer
+//! ([`multiplex`]). What a subscriber follows and how it is written to is
+//! [`crate::deliver`].
 
-pub mod cursor;
-pub mod direct;
 pub mod multiplex;
 pub mod subscribe;

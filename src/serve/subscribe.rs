@@ -17,14 +17,14 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
-use super::cursor::{Cursor, Parts};
-use super::direct::{Handle, Link};
 use crate::braid::{BraidRequest, VersionList};
+use crate::deliver::cursor::{Cursor, Parts};
+use crate::deliver::direct::{Handle, Link};
+use crate::deliver::window::NONE;
 use crate::error::Refusal;
 use crate::floor::body::{self, Body};
 use crate::floor::rules;
 use crate::metrics::Metrics;
-use crate::state::window::NONE;
 use crate::state::{Head, History, Resource, State, Stored};
 
 /// Shared heartbeat tickers, one per interval in milliseconds: every idle

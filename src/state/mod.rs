@@ -5,11 +5,13 @@
 //! How changes are learned lives in [`crate::feed`]; this module only
 //! records them.
 
+pub mod key;
+pub mod polled;
 pub mod registry;
 pub mod resource;
-pub mod window;
 
-pub use registry::{Key, Registry, RegistryLimits};
+pub use key::{path_of, Key};
+pub use registry::{Registry, RegistryLimits};
 pub use resource::{
     announced_version, derived_version, repr_digest, strong_etag, unheard_limit, AnswerRules,
     Change, Head, History, Kind, Memo, Prepared, Recording, Resource, State, Stored, Ticket,

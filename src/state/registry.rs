@@ -9,48 +9,12 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
-use super::resource::{lock, Kind, Resource};
+use super::key::Key;
+use super::resource::{Kind, PrivateSlot, Resource};
 use crate::error::Refusal;
 use crate::floor::rules::{self, Vary};
+use crate::floor::sync::lock;
 use crate::metrics::Metrics;
-
-/// One resource's place under `--max-private-resources`: taken by
-/// [`Registry::reserve_private`], given back when dropped, so it is given
-/// back exactly once whatever path drops the resource.
-pub(super) struct PrivateSlot {
-    count: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Drop for PrivateSlot {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Bytes a resource costs beyond its key, headers and bodies, for the
-/// state cap: the resource itself, its channels and locks, its history
-/// step and registry entry. Measured: a dhat profile of 1,000 `Vary`'d
-/// variants of 14 KB held 19.8 KB each, of which about 3.9 KB was none of
-/// body, key or headers (BENCHMARKS.md, "Issue 44's shapes").
-pub(super) const RESOURCE_OVERHEAD: usize = 4096;
-
-/// Where a resource sits in the registry: the URL (path and query), and
-/// the variant within it ([`rules::secondary_key`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Key {
-    pub path: String,
-    pub secondary: String,
-    /// The `Vary` the secondary key was computed under.
-    pub vary: Vary,
-}
-
-impl Key {
-    /// Whether the variant is one credential's (the request carried
-    /// `Authorization` or a cookie the key names).
-    pub fn is_credentialed(&self) -> bool {
-        self.secondary.contains("\ncredentials:")
-    }
-}
 
 /// The variants of one URL, and the `Vary` its origin last answered with.
 #[derive(Default)]

@@ -19,9 +19,9 @@ use tokio::sync::watch;
 
 use super::direct::Link;
 use crate::braid;
+use crate::deliver::window::{Step, Window, NONE};
 use crate::floor::body::{Body, Chunk};
 use crate::metrics::Metrics;
-use crate::state::window::{Step, Window, NONE};
 
 /// A subscriber's position in a window, and what wakes it.
 pub struct Cursor<T> {

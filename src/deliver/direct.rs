@@ -5,7 +5,7 @@
 //! sent everything up to its window's head *parks*: its connection task
 //! stops polling the subscription body (so nothing wakes it on a change)
 //! and registers its socket in the window's [`Parked`] set. The window is
-//! either feed's ([`crate::state::window`]: a polled resource, whose
+//! either feed's ([`crate::deliver::window`]: a polled resource, whose
 //! updates are the proxy's own, or a relayed upstream subscription, whose
 //! updates are the upstream's bytes). When the window has more, its sweeper task takes
 //! each parked subscriber in
@@ -35,9 +35,10 @@ use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::deliver::window::{self, Frozen, Window, NONE};
 use crate::floor::chunk::chunk;
+use crate::floor::sync::lock;
 use crate::metrics::Metrics;
-use crate::state::window::{self, Frozen, Window, NONE};
 
 /// A chunk, the updates it carries, and whether it is a snapshot.
 type Joined = (Bytes, u64, bool);
@@ -296,10 +297,6 @@ impl Parked {
         self.closed.store(true, Release);
         self.published.notify_one();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// How a parked subscriber came back to its task.
