@@ -1,29 +1,50 @@
 //! braid-proxy: a reverse proxy that serves a plain REST origin's resources
 //! as Braid-HTTP subscriptions.
 //!
-//! The layout follows one resource model with two feeds (DESIGN.md);
-//! dependencies point one way: `net → router → {cache, serve, writes} →
-//! state ← feed`, with [`braid`] below everything.
+//! The layout follows one resource model with two feeds (DESIGN.md). The
+//! layers, top to bottom: a module imports only modules on lines below its
+//! own, never one on its own line or above (tests/layers.rs reads this list
+//! and checks every `crate::` path outside tests against it):
 //!
-//! - [`net`]: listeners and connections (HTTP/1.1 + h2c), the subscription
-//!   fast path, write coalescing, bodies, and the one upstream client.
+//! 1. `listen`
+//! 2. `admin`
+//! 3. `router`
+//! 4. `cache`, `writes`, `status`
+//! 5. `serve`
+//! 6. `feed`
+//! 7. `state`
+//! 8. `deliver`
+//! 9. `upstream`
+//! 10. `diff`, `limits`
+//! 11. `braid`
+//! 12. `error`
+//! 13. `floor`
+//! 14. `config`, `metrics`, `logtime`, `demo`
+//!
+//! - [`listen`]: listeners and connections (HTTP/1.1 + h2c), the HTTP/1.1
+//!   subscription fast path, h2c write coalescing; calls the router.
+//! - [`admin`], [`status`]: metrics, health, refresh, purge, the operator's page.
 //! - [`router`]: classifies each request once and makes one call; access log.
-//! - [`state`]: the resource model: [`state::Resource`] (current state,
-//!   window of updates, ordering tickets) and the [`state::Registry`] (keys,
-//!   caps, eviction).
-//! - [`feed`]: how a resource learns its changes: [`feed::poll`] (a plain
-//!   origin) or [`feed::braid`] (an upstream Braid subscription).
-//! - [`cache`]: RFC 9111 as pure functions.
-//! - [`serve`]: subscribers: the 209 and its cursor, direct delivery,
-//!   the multiplexer.
+//! - [`cache`]: the GET path answered from state by RFC 9111, ranges, purge.
 //! - [`writes`]: Braid patch writes applied onto plain origins under `If-Match`.
-//! - [`braid`]: the wire protocol: headers, update encoding and decoding, patches.
-//! - [`diff`]: old body + new body → patches.
-//! - [`admin`], [`status`]: metrics, health, refresh, the operator's page.
-//! - [`config`], [`error`], [`metrics`], [`demo`], [`logtime`]: flags and TOML, refusals,
-//!   counters, the embedded demo origin, the log lines' timestamp.
-//! - [`limits`]: open files: the descriptor limit raised at start, and the
-//!   reserve kept by refusing subscriptions before it runs out.
+//! - [`serve`]: a subscription's 209 and answers made from state; the multiplexer.
+//! - [`feed`]: how a resource learns its changes: [`feed::poll`] (a plain
+//!   origin) or [`feed::braid`] (an upstream Braid subscription, relayed).
+//! - [`state`]: the resource model: [`state::Resource`] (current state,
+//!   window of updates, ordering tickets), its [`state::Key`], and the
+//!   [`state::Registry`] (caps, eviction).
+//! - [`deliver`]: what a subscriber follows ([`deliver::window::Window`],
+//!   implemented by each feed) and how it reaches its socket (a cursor on
+//!   its own task, or direct delivery to parked sockets).
+//! - [`upstream`]: the one client to the configured upstream, with its
+//!   pass-through rules and health.
+//! - The ground floor, which imports nothing above it: [`floor`] (bodies,
+//!   header helpers, chunk framing, RFC 9111's rules as pure functions, the
+//!   lock helper), [`braid`] (the wire protocol: request headers, update
+//!   encoding, decoding and framing, patches), [`error`] (refusals),
+//!   [`diff`] (old body + new body → patches), [`limits`] (open files),
+//!   [`config`], [`metrics`], [`logtime`] and [`demo`] (the embedded demo
+//!   origin).
 
 // No unwrap() on anything that comes from the network: checked by clippy outside tests.
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
