@@ -88,7 +88,7 @@ struct Progress {
     /// Where the line being searched starts.
     line: usize,
     /// The update's head, once its block is complete.
-    head: Option<Head>,
+    head: Option<UpdateHead>,
     /// Patches not read yet, and where the next one (or the end) is.
     patches_left: usize,
     pos: usize,
@@ -97,7 +97,7 @@ struct Progress {
 }
 
 #[derive(Debug)]
-struct Head {
+struct UpdateHead {
     status: Option<u16>,
     version: Option<VersionList>,
     parents: Option<VersionList>,
@@ -161,7 +161,7 @@ impl Framer {
                 if self.buf.len() < end {
                     return Ok(None);
                 }
-                let head = self.at.head.take().unwrap_or(Head {
+                let head = self.at.head.take().unwrap_or(UpdateHead {
                     status: None,
                     version: None,
                     parents: None,
@@ -210,7 +210,7 @@ impl Framer {
             let at = &mut self.at;
             match at.head {
                 None => {
-                    let head = Head {
+                    let head = UpdateHead {
                         status: block.status,
                         version: block.versions("version", "Version")?,
                         parents: block.versions("parents", "Parents")?,

@@ -75,7 +75,7 @@ fn joined(frozen: &dyn Frozen, mut at: u64) -> Option<Joined> {
 }
 
 /// What one sweep writes to a parked subscriber.
-enum Step {
+enum Due {
     /// Nothing to write: it stays parked.
     Stay,
     /// Write this HTTP/1.1 chunk, which carries `updates` updates.
@@ -113,9 +113,9 @@ impl Pass {
         self.frozen.head()
     }
 
-    fn step(&self, at: u64) -> Step {
+    fn step(&self, at: u64) -> Due {
         if let Some(usual) = self.usual.as_ref().filter(|_| at + 1 == self.head()) {
-            return Step::Write {
+            return Due::Write {
                 chunk: usual.clone(),
                 updates: 1,
                 snapshot: false,
@@ -127,12 +127,12 @@ impl Pass {
             .or_insert_with(|| joined(&**frozen, at))
             .clone();
         match framed {
-            Some((chunk, updates, snapshot)) => Step::Write {
+            Some((chunk, updates, snapshot)) => Due::Write {
                 chunk,
                 updates,
                 snapshot,
             },
-            None => Step::HandBack,
+            None => Due::HandBack,
         }
     }
 }
@@ -193,7 +193,7 @@ pub struct Handle {
 }
 
 /// One parked subscriber: its socket and its position.
-struct Entry {
+struct ParkedSocket {
     /// The ticket's id, so that a ticket removes its own entry only.
     id: u64,
     stream: Arc<TcpStream>,
@@ -204,13 +204,13 @@ struct Entry {
 /// in order. A removal leaves a hole (reused by a later park) instead of
 /// moving an entry, so a sweep that goes on after a pause never skips one.
 #[derive(Default)]
-struct Entries {
-    slots: Vec<Option<Entry>>,
+struct Shard {
+    slots: Vec<Option<ParkedSocket>>,
     holes: Vec<usize>,
 }
 
-impl Entries {
-    fn insert(&mut self, entry: Entry) -> usize {
+impl Shard {
+    fn insert(&mut self, entry: ParkedSocket) -> usize {
         match self.holes.pop() {
             Some(i) => {
                 self.slots[i] = Some(entry);
@@ -252,7 +252,7 @@ const MAX_SHARDS: usize = 64;
 /// task each, so that one busy resource is not swept on one core while the
 /// others idle. With one worker there is one shard and no extra task.
 pub struct Parked {
-    shards: Box<[Mutex<Entries>]>,
+    shards: Box<[Mutex<Shard>]>,
     next_id: AtomicU64,
     /// Set once a sweeper task runs for this window.
     sweeping: AtomicBool,
@@ -282,7 +282,7 @@ impl Parked {
         }
     }
 
-    fn shard_of(&self, id: u64) -> &Mutex<Entries> {
+    fn shard_of(&self, id: u64) -> &Mutex<Shard> {
         &self.shards[(id % self.shards.len() as u64) as usize]
     }
 
@@ -309,7 +309,7 @@ pub enum Back {
 }
 
 /// A parked subscription, from its task's side.
-pub struct Ticket {
+pub struct Parking {
     id: u64,
     index: usize,
     handle: Handle,
@@ -318,7 +318,7 @@ pub struct Ticket {
 impl Handle {
     /// Parks this subscription if it is caught up with its window's head;
     /// `None` when it is not (the task goes on polling its body).
-    pub fn park(&self, stream: &Arc<TcpStream>) -> Option<Ticket> {
+    pub fn park(&self, stream: &Arc<TcpStream>) -> Option<Parking> {
         let parked = &self.parked;
         if parked.closed.load(Acquire) {
             return None;
@@ -329,7 +329,7 @@ impl Handle {
         }
         self.link.state.store(PARKED, Release);
         let id = parked.next_id.fetch_add(1, Relaxed);
-        let index = lock(parked.shard_of(id)).insert(Entry {
+        let index = lock(parked.shard_of(id)).insert(ParkedSocket {
             id,
             stream: stream.clone(),
             link: self.link.clone(),
@@ -354,7 +354,7 @@ impl Handle {
             parked.published();
         }
         self.metrics.subscriptions_parked.fetch_add(1, Relaxed);
-        Some(Ticket {
+        Some(Parking {
             id,
             index,
             handle: self.clone(),
@@ -362,10 +362,10 @@ impl Handle {
     }
 }
 
-impl Ticket {
+impl Parking {
     /// Takes the subscription back from the sweep (for a heartbeat, a
     /// closing client, shutdown). `None` while the sweep is writing to it:
-    /// wait for [`Ticket::returned`] then.
+    /// wait for [`Parking::returned`] then.
     fn try_unpark(&self) -> Option<Back> {
         let link = &self.handle.link;
         match link.state.compare_exchange(PARKED, ACTIVE, AcqRel, Acquire) {
@@ -419,7 +419,7 @@ impl Ticket {
     }
 }
 
-impl Drop for Ticket {
+impl Drop for Parking {
     fn drop(&mut self) {
         // A task that ends while parked (its client went) leaves nothing behind.
         self.remove();
@@ -566,7 +566,7 @@ struct Tally {
 }
 
 /// Writes the head to one parked subscriber, if it is parked and behind.
-fn deliver(entry: &Entry, pass: &Pass, tally: &mut Tally) {
+fn deliver(entry: &ParkedSocket, pass: &Pass, tally: &mut Tally) {
     let link = &entry.link;
     if link
         .state
@@ -579,17 +579,17 @@ fn deliver(entry: &Entry, pass: &Pass, tally: &mut Tally) {
     let at = link.at.load(Acquire);
     let head = pass.head();
     let step = if at == NONE || at >= head {
-        Step::Stay
+        Due::Stay
     } else {
         pass.step(at)
     };
     let (framed, updates, snapshot) = match step {
-        Step::Stay => {
+        Due::Stay => {
             link.state.store(PARKED, Release);
             return;
         }
-        Step::HandBack => return hand_back(link),
-        Step::Write {
+        Due::HandBack => return hand_back(link),
+        Due::Write {
             chunk,
             updates,
             snapshot,
@@ -695,12 +695,12 @@ mod tests {
     }
 
     /// A window relayed as received: entries `first..head`, one per step.
-    struct Entries {
+    struct AsReceived {
         first: u64,
         head: u64,
     }
 
-    impl Frozen for Entries {
+    impl Frozen for AsReceived {
         fn head(&self) -> u64 {
             self.head
         }
@@ -722,7 +722,7 @@ mod tests {
 
     #[test]
     fn a_parked_laggard_is_written_the_entries_it_lacks_in_one_chunk() {
-        let entries = Entries { first: 2, head: 5 };
+        let entries = AsReceived { first: 2, head: 5 };
         let (framed, updates, snapshot) = joined(&entries, 2).expect("within the window");
         assert_eq!(framed, chunk(b"e2;e3;e4;"));
         assert_eq!((updates, snapshot), (3, false));

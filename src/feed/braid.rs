@@ -706,7 +706,7 @@ impl Relays {
         let host = upstream::client_host(&req).unwrap_or_default();
         // Should this request be cancelled (its client gone) before the
         // upstream answers, the session must not stay pending.
-        let _pending = Pending {
+        let _pending = Opening {
             relays: self,
             session: session.clone(),
         };
@@ -1538,12 +1538,12 @@ impl Entry {
 }
 
 /// Fails a session still being opened when its opener goes away.
-struct Pending<'a> {
+struct Opening<'a> {
     relays: &'a Relays,
     session: Arc<Session>,
 }
 
-impl Drop for Pending<'_> {
+impl Drop for Opening<'_> {
     fn drop(&mut self) {
         let cancelled = self.session.tick.send_if_modified(|t| {
             let pending = t.opened.is_none();

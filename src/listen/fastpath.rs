@@ -208,9 +208,9 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
         // park until the sweep hands the subscription back.
         if let Some(handle) = &direct {
             match parked(stream, handle, gone.as_mut(), &mut peer_open).await {
-                Parked::Behind | Parked::Resumed => {}
-                Parked::Spoke => close = true,
-                Parked::Closed => return After::Close,
+                Waited::Behind | Waited::Resumed => {}
+                Waited::Spoke => close = true,
+                Waited::Closed => return After::Close,
             }
         }
     }
@@ -225,7 +225,7 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
 }
 
 /// How a parked wait ended.
-enum Parked {
+enum Waited {
     /// Not caught up: go on polling the body.
     Behind,
     /// Handed back (after writing what the sweep began): go on.
@@ -244,9 +244,9 @@ async fn parked(
     handle: &direct::Handle,
     mut gone: std::pin::Pin<&mut impl std::future::Future<Output = Spoke>>,
     peer_open: &mut bool,
-) -> Parked {
+) -> Waited {
     let Some(ticket) = handle.park(stream) else {
-        return Parked::Behind;
+        return Waited::Behind;
     };
     let mut heartbeat = handle.heartbeat.clone();
     if let Some(h) = heartbeat.as_mut() {
@@ -255,35 +255,35 @@ async fn parked(
     let mut closing = handle.closing.clone();
     enum Why {
         Back(direct::Back),
-        Take(Parked),
+        Take(Waited),
     }
     let why = tokio::select! {
         biased;
         back = ticket.returned() => Why::Back(back),
         spoke = gone.as_mut(), if *peer_open => match spoke {
-            Spoke::Closed => return Parked::Closed,
-            Spoke::Spoke => { *peer_open = false; Why::Take(Parked::Spoke) }
+            Spoke::Closed => return Waited::Closed,
+            Spoke::Spoke => { *peer_open = false; Why::Take(Waited::Spoke) }
         },
         _ = async {
             match heartbeat.as_mut() {
                 Some(h) => { let _ = h.changed().await; }
                 None => std::future::pending().await,
             }
-        } => Why::Take(Parked::Resumed),
-        _ = closing.changed() => Why::Take(Parked::Resumed),
+        } => Why::Take(Waited::Resumed),
+        _ = closing.changed() => Why::Take(Waited::Resumed),
     };
     let (back, then) = match why {
-        Why::Back(back) => (back, Parked::Resumed),
+        Why::Back(back) => (back, Waited::Resumed),
         Why::Take(then) => (ticket.unpark().await, then),
     };
     match back {
-        direct::Back::Broken => Parked::Closed,
+        direct::Back::Broken => Waited::Closed,
         direct::Back::Resume { rest: None } => then,
         direct::Back::Resume {
             rest: Some(mut rest),
         } => {
             if write_all(stream, &mut rest).await.is_err() {
-                Parked::Closed
+                Waited::Closed
             } else {
                 then
             }

@@ -200,10 +200,10 @@ pub fn strip<B>(req: &mut Request<B>) {
 /// The open multiplexers of one proxy: a cheap clonable handle.
 #[derive(Clone)]
 pub struct Multiplexers {
-    inner: Arc<Registry>,
+    inner: Arc<Open>,
 }
 
-struct Registry {
+struct Open {
     limits: Limits,
     open: Mutex<HashMap<String, Arc<Shared>>>,
     /// Woken whenever a multiplexer is created, for requests that came first.
@@ -220,7 +220,7 @@ struct Shared {
 #[derive(Default)]
 struct MuxState {
     /// Requests in the order they arrived; the body serves them round-robin.
-    requests: Vec<Inner>,
+    requests: Vec<Muxed>,
     /// Request ids reserved by requests still being routed.
     reserved: Vec<String>,
     /// Set when the multiplexer must end (DELETE, shutdown).
@@ -243,7 +243,7 @@ impl MuxState {
 }
 
 /// One request inside a multiplexer: what is left to send of it.
-struct Inner {
+struct Muxed {
     id: String,
     /// The `start response` line and the response head, not yet sent.
     preamble: Option<Bytes>,
@@ -257,7 +257,7 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, MuxState> {
 impl Multiplexers {
     pub fn new(limits: Limits) -> Multiplexers {
         Multiplexers {
-            inner: Arc::new(Registry {
+            inner: Arc::new(Open {
                 limits,
                 open: Mutex::default(),
                 created: Notify::new(),
@@ -458,7 +458,7 @@ impl Reservation {
             let mut state = lock(&self.shared);
             state.reserved.retain(|r| *r != self.request);
             if !state.ended {
-                state.requests.push(Inner {
+                state.requests.push(Muxed {
                     id: self.request.clone(),
                     preamble: Some(preamble.freeze()),
                     body: inner_body,
@@ -589,7 +589,7 @@ fn next_frame(
     state: &mut MuxState,
     next: &mut usize,
     cx: &mut Context<'_>,
-    finished: &mut Vec<Inner>,
+    finished: &mut Vec<Muxed>,
 ) -> Option<(Bytes, Option<Chunk>)> {
     let n = state.requests.len();
     // A request that yielded something other than data (trailers, an empty

@@ -318,7 +318,7 @@ impl Change {
 }
 
 /// One step of history: how to go from `seq - 1` to `seq`.
-struct Step {
+struct HistoryStep {
     /// `None` when the step cannot be expressed as patches (status change, snapshot).
     patches: Option<Arc<Vec<Patch>>>,
     weight: u32,
@@ -327,7 +327,7 @@ struct Step {
 /// The per-resource index of the history window; the steps themselves live
 /// in the shared, byte-weighted [`History`] cache so one total bounds them all.
 #[derive(Default)]
-struct Window {
+struct Recent {
     /// (seq, version) of the retained steps, oldest first.
     versions: VecDeque<(u64, VersionList)>,
     bytes: usize,
@@ -336,7 +336,7 @@ struct Window {
 
 /// The history shared by all resources, bounded by `--history-bytes`.
 pub struct History {
-    steps: Cache<(u64, u64), Arc<Step>>,
+    steps: Cache<(u64, u64), Arc<HistoryStep>>,
     evicted: Arc<std::sync::atomic::AtomicU64>,
     catch_ups: Cache<(u64, u64, u64), Bytes>,
     per_resource_len: usize,
@@ -349,7 +349,7 @@ impl History {
         let count = evicted.clone();
         let steps = Cache::builder()
             .max_capacity(total_bytes)
-            .weigher(|_, step: &Arc<Step>| step.weight)
+            .weigher(|_, step: &Arc<HistoryStep>| step.weight)
             .eviction_listener(move |_, _, cause| {
                 if cause == moka::notification::RemovalCause::Size {
                     count.fetch_add(1, Relaxed);
@@ -431,7 +431,7 @@ pub struct Resource {
     /// Set when the registry dropped it: its bytes are no longer counted.
     pub(super) gone: std::sync::atomic::AtomicBool,
     total: Arc<std::sync::atomic::AtomicUsize>,
-    window: Mutex<Window>,
+    window: Mutex<Recent>,
     /// Wakes the watcher for an immediate revalidation.
     pub wake: Notify,
     /// Bumped after every revalidation attempt, successful or not.
@@ -922,7 +922,7 @@ impl Resource {
         let weight = u32::try_from(patch_bytes + 64).unwrap_or(u32::MAX);
         history.steps.insert(
             (self.id, seq),
-            Arc::new(Step {
+            Arc::new(HistoryStep {
                 patches: patches.map(Arc::new),
                 weight,
             }),
