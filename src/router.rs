@@ -16,6 +16,7 @@ use crate::error::Refusal;
 use crate::feed::braid::{Relayed, Relays};
 use crate::feed::poll::{self, Watchers};
 use crate::floor::body::{self, Body, BoxError, RequestBody};
+use crate::floor::phase::CachePhase;
 use crate::limits::OpenFiles;
 use crate::metrics::Metrics;
 use crate::serve::multiplex::{self, Multiplexers};
@@ -47,6 +48,27 @@ struct Inner {
     /// Descriptors open against the limit; new subscriptions are refused
     /// within its reserve.
     open_files: Arc<OpenFiles>,
+}
+
+/// What a request is: the closed set of routes [`Router::classify`]
+/// decides between, once per request.
+enum Route {
+    /// A CORS preflight, answered here.
+    Preflight(Response<Body>),
+    /// For the upstream as it is: requests for the upstream's own
+    /// multiplexer (`--multiplex relay`), a GET or HEAD with a body, a
+    /// per-peer stream, `OPTIONS` and `TRACE`.
+    PassThrough,
+    /// For this proxy's multiplexer, or answered through it.
+    Multiplexer(multiplex::Intent),
+    /// A subscription (`GET` with `Subscribe`).
+    Subscribe(BraidRequest),
+    /// A `GET` or `HEAD`, answered by the cache.
+    Get(BraidRequest),
+    /// A Braid patch write.
+    PatchWrite(BraidRequest),
+    /// Any other unsafe method: written through, invalidating what it names.
+    Unsafe,
 }
 
 impl Router {
@@ -328,9 +350,14 @@ impl Router {
         // through, served from state, a 209, or the proxy's own error.
         self.name_in_via(&mut response);
         let target = uri.path_and_query().map_or("", |p| p.as_str());
+        let cache = response
+            .extensions()
+            .get::<CachePhase>()
+            .map_or("-", CachePhase::name);
         info!(
             target: "access",
             peer = %Peer(conn.peer),
+            cache,
             "{method} {target} {version:?} {} {}ms",
             response.status().as_u16(),
             Tenths(started.elapsed())
@@ -345,23 +372,38 @@ impl Router {
         }
     }
 
+    /// Classifies a request once, then makes the one call its route names.
     async fn route(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
+        match self.classify(&req)? {
+            Route::Preflight(answer) => Ok(answer),
+            Route::PassThrough => self.pass_through(req).await,
+            Route::Multiplexer(intent) => self.multiplexed(req, intent).await,
+            Route::Subscribe(braid) => self.subscribe(req, braid).await,
+            Route::Get(braid) => self.inner.gets.get(req, braid).await,
+            Route::PatchWrite(braid) => self.patch_write(req, braid).await,
+            Route::Unsafe => self.unsafe_method(req).await,
+        }
+    }
+
+    /// What a request is, from its method, target and headers (never its
+    /// body): the one place a request's kind is decided.
+    fn classify(&self, req: &Request<RequestBody>) -> Result<Route, Refusal> {
         let inner = &self.inner;
         let config = &inner.config;
-        upstream::request_filter(&req, config)?;
-        if let Some(preflight) = inner.cors.preflight(&req) {
-            return Ok(preflight);
+        upstream::request_filter(req, config)?;
+        if let Some(preflight) = inner.cors.preflight(req) {
+            return Ok(Route::Preflight(preflight));
         }
-        if config.multiplex == MultiplexMode::Relay && multiplex::is_multiplexing(&req) {
+        if config.multiplex == MultiplexMode::Relay && multiplex::is_multiplexing(req) {
             // The upstream's own multiplexer serves these (spec/multiplex.md).
-            return self.pass_through(req).await;
+            return Ok(Route::PassThrough);
         }
-        if let Some(intent) = multiplex::classify(&req, inner.multiplexers.limits())? {
-            return self.multiplexed(req, intent).await;
+        if let Some(intent) = multiplex::classify(req, inner.multiplexers.limits())? {
+            return Ok(Route::Multiplexer(intent));
         }
         let braid = BraidRequest::parse(req.headers())?;
-        let method = req.method().clone();
-        if matches!(method, Method::GET | Method::HEAD) && upstream::needs_own_connection(&req) {
+        let method = req.method();
+        if matches!(*method, Method::GET | Method::HEAD) && upstream::needs_own_connection(req) {
             // A body on a GET: its answer may depend on it, so it is
             // neither stored nor shared; it goes up on its own connection.
             if braid.subscribe {
@@ -369,16 +411,16 @@ impl Router {
                     "a subscription request must not carry a body".into(),
                 ));
             }
-            return self.pass_through(req).await;
+            return Ok(Route::PassThrough);
         }
-        match method {
-            Method::GET | Method::HEAD if braid.peer_specific => self.pass_through(req).await,
-            Method::GET if braid.subscribe => self.subscribe(req, braid).await,
-            Method::GET | Method::HEAD => self.inner.gets.get(req, braid).await,
-            Method::OPTIONS | Method::TRACE => self.pass_through(req).await,
-            _ if writes::carries_patches(&req) => self.patch_write(req, braid).await,
-            _ => self.unsafe_method(req).await,
-        }
+        Ok(match *method {
+            Method::GET | Method::HEAD if braid.peer_specific => Route::PassThrough,
+            Method::GET if braid.subscribe => Route::Subscribe(braid),
+            Method::GET | Method::HEAD => Route::Get(braid),
+            Method::OPTIONS | Method::TRACE => Route::PassThrough,
+            _ if writes::carries_patches(req) => Route::PatchWrite(braid),
+            _ => Route::Unsafe,
+        })
     }
 
     /// A multiplexer request, or a request answered through a multiplexer:

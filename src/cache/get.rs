@@ -16,9 +16,10 @@ use crate::error::Refusal;
 use crate::feed::braid::Relays;
 use crate::feed::poll::Watchers;
 use crate::floor::body::{self, Body, RequestBody};
+use crate::floor::phase::{CachePhase, Fwd};
 use crate::floor::rules::{self, Reuse, Timing};
 use crate::metrics::Metrics;
-use crate::serve::subscribe::{self, CacheOutcome};
+use crate::serve::subscribe;
 use crate::state::{Key, Kind, Registry, Resource, State, Stored, Ticket};
 use crate::upstream::{self, UpstreamClient};
 
@@ -142,11 +143,7 @@ impl Gets {
             // Preconditions other than If-None-Match, If-Modified-Since
             // and If-Range are the origin's to evaluate.
             let response = upstream::pass_through(req, &self.client, &self.config).await?;
-            return Ok(with_cache_status(
-                response,
-                &inner.config.proxy_id,
-                "fwd=bypass",
-            ));
+            return Ok(CachePhase::Bypass.mark(response, &inner.config.proxy_id));
         }
         let (mut key, host) = self.request_key(&req);
         if braid.parents.is_none() && !ranged {
@@ -180,20 +177,12 @@ impl Gets {
             }
             // Nothing reusable stored: the origin answers the range.
             let response = upstream::pass_through(req, &self.client, &self.config).await?;
-            return Ok(with_cache_status(
-                response,
-                &inner.config.proxy_id,
-                "fwd=bypass",
-            ));
+            return Ok(CachePhase::Bypass.mark(response, &inner.config.proxy_id));
         }
         if braid.version.is_some() && kind == Kind::Plain {
             // A version the proxy does not hold: the origin's to answer.
             let response = upstream::pass_through(req, &self.client, &self.config).await?;
-            return Ok(with_cache_status(
-                response,
-                &inner.config.proxy_id,
-                "fwd=miss; detail=\"version not held\"",
-            ));
+            return Ok(CachePhase::VersionNotHeld.mark(response, &inner.config.proxy_id));
         }
         if request_cc.only_if_cached {
             return Ok(only_if_cached_miss());
@@ -311,11 +300,11 @@ impl Gets {
         let outcome = if validated_since_arrival {
             // The origin answered while this request waited for that fetch:
             // its answer is as current as one this request would get.
-            CacheOutcome::Revalidated
+            CachePhase::Revalidated
         } else {
             let now = std::time::SystemTime::now();
             match stored.reuse(request_cc, now) {
-                Reuse::Fresh { ttl } => CacheOutcome::Hit { ttl },
+                Reuse::Fresh { ttl } => CachePhase::Hit { ttl },
                 Reuse::Revalidate => {
                     let ttl = rules::stale_while_revalidate(
                         stored.status,
@@ -325,7 +314,7 @@ impl Gets {
                         now,
                     )?;
                     self.revalidate_in_background(req, at, resource);
-                    CacheOutcome::StaleWhileRevalidate { ttl }
+                    CachePhase::StaleWhileRevalidate { ttl }
                 }
             }
         };
@@ -473,7 +462,7 @@ async fn fetch(
             &probe,
             stored,
             &resource.head(),
-            CacheOutcome::StaleIfError {
+            CachePhase::StaleIfError {
                 fwd_status: fwd_status.map(|s| s.as_u16()),
             },
             &config.proxy_id,
@@ -509,7 +498,7 @@ async fn fetch(
             .not_modified(resource, response.headers(), timing, asked);
         resource.validated(true);
         Metrics::inc(&inner.metrics.cache_revalidated_total);
-        if let Some(answer) = from_stored(&probe, resource, CacheOutcome::Revalidated, config) {
+        if let Some(answer) = from_stored(&probe, resource, CachePhase::Revalidated, config) {
             return Ok(answer);
         }
     }
@@ -529,7 +518,10 @@ async fn fetch(
                 resource.set_stored(Some(updated));
                 drop(recording);
                 resource.validated(true);
-                let outcome = CacheOutcome::Fetched { fwd: "stale" };
+                let outcome = CachePhase::Stored {
+                    fwd: Fwd::Stale,
+                    status: 200,
+                };
                 if let Some(answer) = from_stored(&probe, resource, outcome, config) {
                     return Ok(answer);
                 }
@@ -539,11 +531,11 @@ async fn fetch(
         }
     }
     let fwd = if stored.is_some() {
-        "stale"
+        Fwd::Stale
     } else if resource.is_some() {
-        "miss"
+        Fwd::Miss
     } else {
-        "uri-miss"
+        Fwd::UriMiss
     };
     let not_stored = if probe.method() == Method::HEAD {
         Some("head")
@@ -626,7 +618,7 @@ async fn fetch(
         Ok((t, None)) => (Ok(t), [guard, first_held].into_iter().flatten().collect()),
         Err(reason) => (Err(reason), guard.into_iter().collect()),
     };
-    let detail = match target {
+    let phase = match target {
         Err(reason) => {
             if let Some(resource) = &resource {
                 resource
@@ -634,10 +626,11 @@ async fn fetch(
                     .store(true, std::sync::atomic::Ordering::Relaxed);
             }
             Metrics::inc(&inner.metrics.cache_not_stored_total);
-            format!(
-                "fwd={fwd}; fwd-status={}; detail=\"not stored: {reason}\"",
-                status.as_u16()
-            )
+            CachePhase::NotStored {
+                fwd,
+                status: status.as_u16(),
+                reason,
+            }
         }
         Ok(target) => {
             let headers = response.headers().clone();
@@ -699,8 +692,11 @@ async fn fetch(
                 target.validated(true);
                 drop(guard);
                 Metrics::inc(&inner.metrics.cache_misses_total);
-                let detail = format!("fwd={fwd}; fwd-status={}; stored", status.as_u16());
-                return Ok(with_cache_status(response, &config.proxy_id, &detail));
+                let phase = CachePhase::Stored {
+                    fwd,
+                    status: status.as_u16(),
+                };
+                return Ok(phase.mark(response, &config.proxy_id));
             }
             let watchers = inner.watchers.clone();
             let body = std::mem::replace(response.body_mut(), body::empty());
@@ -709,11 +705,14 @@ async fn fetch(
                 target.validated(true);
             });
             *response.body_mut() = body::tee(body, copy_limit, (guard, copy), done);
-            format!("fwd={fwd}; fwd-status={}; stored", status.as_u16())
+            CachePhase::Stored {
+                fwd,
+                status: status.as_u16(),
+            }
         }
     };
     Metrics::inc(&inner.metrics.cache_misses_total);
-    Ok(with_cache_status(response, &config.proxy_id, &detail))
+    Ok(phase.mark(response, &config.proxy_id))
 }
 
 /// What a request named of its versions (`Version`, `Parents`), as a
@@ -731,16 +730,6 @@ fn named_versions(braid: &BraidRequest) -> String {
     out
 }
 
-/// Adds this proxy's `Cache-Status` entry (RFC 9211).
-fn with_cache_status(mut response: Response<Body>, id: &str, detail: &str) -> Response<Body> {
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{id}\"; {detail}")) {
-        response
-            .headers_mut()
-            .append(HeaderName::from_static("cache-status"), v);
-    }
-    response
-}
-
 /// Reads a storable 200 whole (its length is declared and within
 /// `--max-body-bytes`), stores it, and answers from the stored state,
 /// so the answer carries the version derived from the body.
@@ -750,7 +739,7 @@ async fn fetch_whole(
     probe: Request<()>,
     target: Arc<Resource>,
     sent: (Timing, Ticket),
-    fwd: &'static str,
+    fwd: Fwd,
     guard: Held,
 ) -> Result<Response<Body>, Refusal> {
     use http_body_util::BodyExt;
@@ -788,7 +777,7 @@ async fn fetch_whole(
     from_stored(
         &probe,
         &target,
-        CacheOutcome::Fetched { fwd },
+        CachePhase::Stored { fwd, status: 200 },
         &inner.config,
     )
     .ok_or_else(|| Refusal::UpstreamBroken("origin answer could not be stored".into()))
@@ -798,7 +787,7 @@ async fn fetch_whole(
 fn from_stored(
     probe: &Request<()>,
     resource: &Resource,
-    outcome: CacheOutcome,
+    outcome: CachePhase,
     config: &Config,
 ) -> Option<Response<Body>> {
     let stored = resource.stored()?;

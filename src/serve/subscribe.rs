@@ -13,7 +13,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
@@ -23,6 +22,7 @@ use crate::deliver::direct::{Handle, Link};
 use crate::deliver::window::NONE;
 use crate::error::Refusal;
 use crate::floor::body::{self, Body};
+use crate::floor::phase::CachePhase;
 use crate::floor::rules;
 use crate::metrics::Metrics;
 use crate::state::{Head, History, Resource, State, Stored};
@@ -248,23 +248,6 @@ pub fn denial(head: &Head) -> Option<Response<Body>> {
     Some(response)
 }
 
-/// How a plain GET was answered, for `Cache-Status` (RFC 9211).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheOutcome {
-    /// From stored state, without the origin; `ttl` seconds of freshness left.
-    Hit { ttl: i64 },
-    /// From stored state after the origin answered 304 to a revalidation.
-    Revalidated,
-    /// Fetched from the origin (`fwd` says why) and stored on the way.
-    Fetched { fwd: &'static str },
-    /// Stale (`ttl` <= 0) under `stale-while-revalidate`, without the
-    /// origin; a revalidation runs in the background (RFC 5861 §3).
-    StaleWhileRevalidate { ttl: i64 },
-    /// From stored state instead of the origin's error (`fwd_status`, or
-    /// none when no answer came) under `stale-if-error` (RFC 5861 §4).
-    StaleIfError { fwd_status: Option<u16> },
-}
-
 /// A plain GET or HEAD answered from stored state: the origin's status and
 /// end-to-end headers, with `Age`, the Braid headers (`Version`,
 /// `Current-Version`, `Repr-Digest`) when the body is the resource's head,
@@ -275,7 +258,7 @@ pub fn serve_stored<B>(
     req: &Request<B>,
     stored: &Stored,
     head: &Head,
-    outcome: CacheOutcome,
+    outcome: CachePhase,
     cache_id: &str,
 ) -> Response<Body> {
     let current = stored.version.as_ref().filter(|v| **v == head.version);
@@ -356,41 +339,6 @@ fn add_braid_headers(headers: &mut HeaderMap, current: Option<&VersionList>, hea
     }
 }
 
-/// This proxy's `Cache-Status` entry (RFC 9211) for an answer from state.
-fn cache_status(cache_id: &str, outcome: CacheOutcome) -> Option<HeaderValue> {
-    use std::fmt::Write as _;
-    let mut value = String::with_capacity(cache_id.len() + 40);
-    value.push('"');
-    value.push_str(cache_id);
-    value.push_str("\"; ");
-    match outcome {
-        CacheOutcome::Hit { ttl } => {
-            let _ = write!(value, "hit; ttl={ttl}");
-        }
-        CacheOutcome::Revalidated => value.push_str("fwd=stale; fwd-status=304"),
-        CacheOutcome::Fetched { fwd } => {
-            value.push_str("fwd=");
-            value.push_str(fwd);
-            value.push_str("; fwd-status=200; stored");
-        }
-        CacheOutcome::StaleWhileRevalidate { ttl } => {
-            let _ = write!(value, "hit; ttl={ttl}; detail=\"stale-while-revalidate\"");
-        }
-        CacheOutcome::StaleIfError {
-            fwd_status: Some(s),
-        } => {
-            let _ = write!(
-                value,
-                "fwd=stale; fwd-status={s}; detail=\"stale-if-error\""
-            );
-        }
-        CacheOutcome::StaleIfError { fwd_status: None } => {
-            value.push_str("fwd=stale; detail=\"stale-if-error\"");
-        }
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
-}
-
 /// The headers every non-304 answer from `stored` shares, in the order
 /// [`serve_built`] sets them, `Age` and the last `Cache-Status` entry
 /// holding placeholders.
@@ -403,7 +351,7 @@ fn prepare(
     let (mut headers, etag) = answer_headers(stored, current);
     headers.insert(header::AGE, HeaderValue::from_static("0"));
     add_braid_headers(&mut headers, current, head);
-    if let Some(v) = cache_status(cache_id, CacheOutcome::Revalidated) {
+    if let Some(v) = CachePhase::Revalidated.header_value(cache_id) {
         headers.append(HeaderName::from_static("cache-status"), v);
     }
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(stored.body.len()));
@@ -422,7 +370,7 @@ fn answer_prepared<B>(
     req: &Request<B>,
     stored: &Stored,
     prepared: &crate::state::Prepared,
-    outcome: CacheOutcome,
+    outcome: CachePhase,
     cache_id: &str,
 ) -> Response<Body> {
     let age = stored.freshness().age(std::time::SystemTime::now());
@@ -438,8 +386,8 @@ fn answer_prepared<B>(
         }
     }
     let (age_value, status) = match outcome {
-        CacheOutcome::Hit { ttl } => hit_values(prepared, age, ttl, cache_id),
-        _ => (HeaderValue::from(age), cache_status(cache_id, outcome)),
+        CachePhase::Hit { ttl } => hit_values(prepared, age, ttl, cache_id),
+        _ => (HeaderValue::from(age), outcome.header_value(cache_id)),
     };
     if let Some(slot) = age_slot {
         *slot = age_value;
@@ -454,6 +402,7 @@ fn answer_prepared<B>(
     };
     *response.status_mut() = stored.status;
     *response.headers_mut() = headers;
+    response.extensions_mut().insert(outcome);
     response
 }
 
@@ -465,9 +414,9 @@ fn hit_values(
     ttl: i64,
     cache_id: &str,
 ) -> (HeaderValue, Option<HeaderValue>) {
-    let outcome = CacheOutcome::Hit { ttl };
+    let outcome = CachePhase::Hit { ttl };
     let Ok(mut last) = prepared.last_hit.try_lock() else {
-        return (HeaderValue::from(age), cache_status(cache_id, outcome));
+        return (HeaderValue::from(age), outcome.header_value(cache_id));
     };
     if let Some((a, t, age_value, status)) = last.as_ref() {
         if (*a, *t) == (age, ttl) {
@@ -475,7 +424,7 @@ fn hit_values(
         }
     }
     let age_value = HeaderValue::from(age);
-    let status = cache_status(cache_id, outcome);
+    let status = outcome.header_value(cache_id);
     if let Some(status) = &status {
         *last = Some((age, ttl, age_value.clone(), status.clone()));
     }
@@ -489,7 +438,7 @@ fn serve_built<B>(
     stored: &Stored,
     current: Option<&VersionList>,
     head: &Head,
-    outcome: CacheOutcome,
+    outcome: CachePhase,
     cache_id: &str,
 ) -> Response<Body> {
     let (mut headers, etag) = answer_headers(stored, current);
@@ -497,7 +446,7 @@ fn serve_built<B>(
     let age = rules::current_age(&stored.headers, stored.timing, std::time::SystemTime::now());
     headers.insert(header::AGE, HeaderValue::from(age));
     add_braid_headers(&mut headers, current, head);
-    if let Some(v) = cache_status(cache_id, outcome) {
+    if let Some(v) = outcome.header_value(cache_id) {
         headers.append(HeaderName::from_static("cache-status"), v);
     }
     let mut response = if not_modified {
@@ -522,6 +471,7 @@ fn serve_built<B>(
         r
     };
     *response.headers_mut() = headers;
+    response.extensions_mut().insert(outcome);
     response
 }
 

@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use crate::state::Key;
 
 use super::*;
+use crate::floor::phase::CachePhase;
 
 /// A GET answered from a live model: its status and representation
 /// headers, `Version`, `Current-Version`, `Repr-Digest`, an `ETag` naming
@@ -41,9 +42,7 @@ pub(super) fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) ->
     if let Ok(v) = http::HeaderValue::from_str(&crate::state::repr_digest(&known.body)) {
         h.insert("repr-digest", v);
     }
-    if let Ok(v) = http::HeaderValue::from_str(&format!(
-        "\"{proxy_id}\"; hit; detail=\"live upstream subscription\""
-    )) {
+    if let Some(v) = CachePhase::Live.header_value(proxy_id) {
         h.insert("cache-status", v);
     }
     let tag = etag.as_ref().and_then(|v| v.to_str().ok());
@@ -56,6 +55,7 @@ pub(super) fn serve_known<B>(req: &Request<B>, known: &Known, proxy_id: &str) ->
     if let Some(etag) = etag {
         h.insert(header::ETAG, etag);
     }
+    response.extensions_mut().insert(CachePhase::Live);
     if matched && status == StatusCode::OK {
         *response.status_mut() = StatusCode::NOT_MODIFIED;
         for name in [header::CONTENT_TYPE, header::CONTENT_LANGUAGE] {
