@@ -119,8 +119,10 @@ impl Relays {
             let view = view_key(key, req.headers());
             list.iter()
                 .filter(|s| {
-                    let rkey = lock(&s.key);
-                    rkey.strip_prefix(view.as_str())
+                    let opened = lock(&s.opened);
+                    opened
+                        .key
+                        .strip_prefix(view.as_str())
                         .is_some_and(|rest| rest.starts_with('\n'))
                 })
                 .cloned()
@@ -141,7 +143,7 @@ impl Session {
     /// Its model, when it is live, linear, known, settled after writes,
     /// and carries the representation `view` names.
     pub(super) fn live_view(&self, view: &str) -> Option<Known> {
-        if self.exclusive.load(Relaxed) || lock(&self.view).as_deref() != Some(view) {
+        if self.exclusive.load(Relaxed) || lock(&self.opened).view.as_deref() != Some(view) {
             return None;
         }
         {

@@ -155,20 +155,19 @@ pub struct SessionSummary {
 pub struct Session {
     /// The URL (path and query).
     path: String,
-    /// The relay key ([`relay_key`]); re-made once the 209 names a `Vary`.
-    key: Mutex<String>,
+    /// What the opening exchange told. One lock: its fields are set
+    /// together while the session opens (and re-keyed once, when the 209
+    /// names a `Vary`), then only read, by requests looking for a session
+    /// to join and by a resume.
+    opened: Mutex<Opened>,
     /// Its answer is one client's (`private`, `Set-Cookie`, `Vary: *`): nobody joins.
     exclusive: AtomicBool,
-    /// The key of the representation it carries ([`view_key`]), for plain
-    /// GETs; `None` when its request asked for a peer's or a version's view.
-    view: Mutex<Option<String>>,
     /// The `Parents` the opening request carried.
     opened_with: Option<VersionList>,
-    /// The 209's status line and headers, once it came.
-    head: Mutex<Option<RelayedHead>>,
-    /// The opener's request as sent upstream, for a resume (`--hold-upstream-breaks`).
-    request: Mutex<Option<(http::Uri, HeaderMap)>>,
+    /// The updates received. Its own lock: taken per read of the upstream
+    /// and per subscriber step, and only briefly.
     window: Mutex<Received>,
+    /// How far the window goes, for subscribers to wake on.
     tick: watch::Sender<Tick>,
     subscribers: AtomicUsize,
     /// Woken when a subscriber leaves.
@@ -177,13 +176,32 @@ pub struct Session {
     direct: Arc<direct::Parked>,
     /// Its window as subscribers follow it: one for all of them.
     followed: std::sync::OnceLock<Arc<dyn Window>>,
-    /// The representation the updates build, where understood.
+    /// The representation the updates build, where understood. Apart from
+    /// the window: GETs answered from it must not wait on subscribers'
+    /// steps. Where both are taken (a read, a collapse), the window first.
     model: Mutex<Model>,
-    /// Collapsed updates built for laggards: (end they were built for, by start).
+    /// Collapsed updates built for laggards: (end they were built for, by
+    /// start). Apart: a collapse is built with neither of the others held
+    /// longer than it needs.
     collapsed: Mutex<(u64, HashMap<u64, Option<Bytes>>)>,
     /// When a write through this proxy last succeeded: GETs go upstream
-    /// until the next update shows it (or [`WRITE_SETTLE`] passes).
+    /// until the next update shows it (or [`WRITE_SETTLE`] passes). Apart:
+    /// set by writes, which take no other lock of the session.
     written: Mutex<Option<Instant>>,
+}
+
+/// What a session's opening exchange told ([`Session::opened`]).
+#[derive(Default)]
+struct Opened {
+    /// The relay key ([`relay_key`]); re-made once the 209 names a `Vary`.
+    key: String,
+    /// The key of the representation it carries ([`view_key`]), for plain
+    /// GETs; `None` when its request asked for a peer's or a version's view.
+    view: Option<String>,
+    /// The 209's status line and headers, once it came.
+    head: Option<RelayedHead>,
+    /// The opener's request as sent upstream, for a resume (`--hold-upstream-breaks`).
+    request: Option<(http::Uri, HeaderMap)>,
 }
 
 /// How long after a write through this proxy plain GETs skip the model
@@ -430,7 +448,7 @@ impl Relays {
         let mut sessions = lock(&self.sessions);
         if let Some(list) = sessions.get(path) {
             for s in list {
-                if s.exclusive.load(Relaxed) || *lock(&s.key) != rkey {
+                if s.exclusive.load(Relaxed) || lock(&s.opened).key != rkey {
                     continue;
                 }
                 let tick = s.tick.borrow();
@@ -471,12 +489,12 @@ impl Relays {
     fn new_session(path: &str, rkey: &str, braid: &BraidRequest) -> Arc<Session> {
         Arc::new(Session {
             path: path.to_string(),
-            key: Mutex::new(rkey.to_string()),
+            opened: Mutex::new(Opened {
+                key: rkey.to_string(),
+                ..Opened::default()
+            }),
             exclusive: AtomicBool::new(false),
-            view: Mutex::new(None),
             opened_with: braid.parents.clone().filter(|p| !p.is_empty()),
-            head: Mutex::new(None),
-            request: Mutex::new(None),
             window: Mutex::default(),
             tick: watch::channel(Tick::default()).0,
             subscribers: AtomicUsize::new(0),
@@ -510,7 +528,7 @@ impl Relays {
         }
         drop(tick);
         // Its 209 may have re-keyed it under a Vary this request differs in.
-        if *lock(&session.key) != rkey {
+        if lock(&session.opened).key != rkey {
             return None;
         }
         let start = session.start_for(braid)?;
@@ -550,7 +568,8 @@ impl Relays {
                 return Err(refusal);
             }
         };
-        *lock(&session.request) = Some((out.uri().clone(), headers::owned_headers(out.headers())));
+        lock(&session.opened).request =
+            Some((out.uri().clone(), headers::owned_headers(out.headers())));
         let sent = SystemTime::now();
         let ticket = Ticket::take();
         let response = match self.client.send_watch(out).await {
@@ -612,7 +631,7 @@ impl Relays {
         parts.headers.remove(header::CONTENT_LENGTH);
         upstream::append_via(&mut parts.headers, parts.version, &self.config.proxy_id);
         let silence = silence_limit(&parts.headers);
-        *lock(&session.head) = Some(RelayedHead {
+        lock(&session.opened).head = Some(RelayedHead {
             status: parts.status,
             reason: parts.extensions.get::<hyper::ext::ReasonPhrase>().cloned(),
             headers: headers::owned_headers(&parts.headers),
@@ -645,11 +664,11 @@ impl Relays {
         if personal {
             session.exclusive.store(true, Relaxed);
         }
-        *lock(&session.key) = relay_key(&key, opener);
+        lock(&session.opened).key = relay_key(&key, opener);
         let own_view = ["peer", "merge-type", "version"]
             .iter()
             .any(|name| opener.contains_key(*name));
-        *lock(&session.view) = (!own_view).then(|| view_key(&key, opener));
+        lock(&session.opened).view = (!own_view).then(|| view_key(&key, opener));
     }
 
     /// The bytes all relayed windows hold now (counted against `--state-bytes`).
@@ -690,7 +709,7 @@ impl Relays {
             });
         }
         Metrics::inc(&self.metrics.subscriptions_total);
-        let head = lock(&session.head).clone().ok_or_else(|| {
+        let head = lock(&session.opened).head.clone().ok_or_else(|| {
             Refusal::UpstreamBroken("the upstream subscription has no head".into())
         })?;
         let link = Arc::new(direct::Link::default());

@@ -208,7 +208,7 @@ impl Relays {
             }
         };
         if let Over::Malformed(_) = over {
-            self.remember_malformed(&lock(&session.key));
+            self.remember_malformed(&lock(&session.opened).key);
             warn!(
                 session = session.path,
                 why = over.describe(),
@@ -356,7 +356,7 @@ impl Relays {
     /// (no version to resume from, a stream it could not frame, refusals).
     pub(super) async fn resume(&self, session: &Session) -> Option<(Incoming, Option<Duration>)> {
         let deadline = tokio::time::Instant::now() + self.config.hold_upstream_breaks;
-        let (uri, mut headers) = lock(&session.request).clone()?;
+        let (uri, mut headers) = lock(&session.opened).request.clone()?;
         let parents = {
             let window = lock(&session.window);
             if window.malformed {
