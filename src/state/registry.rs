@@ -200,7 +200,7 @@ impl Registry {
             private,
             self.total.clone(),
         ));
-        *lock(&r.slot) = slot;
+        lock(&r.placement).slot = slot;
         variants.by_key.insert(key.secondary.clone(), r.clone());
         self.metrics.resources.fetch_add(1, Relaxed);
         let t = with(&r);
@@ -260,20 +260,20 @@ impl Registry {
         if resource.is_detached() {
             return Ok(());
         }
-        let mut slot = lock(&resource.slot);
-        if slot.is_none() {
+        let mut placement = lock(&resource.placement);
+        if placement.slot.is_none() {
             match self.reserve_private() {
-                Some(taken) => *slot = Some(taken),
+                Some(taken) => placement.slot = Some(taken),
                 None => {
-                    drop(slot);
                     let refusal = private_cap(self.limits.max_private);
-                    *lock(&resource.refused) = Some(refusal.to_string());
+                    placement.refused = Some(refusal.to_string());
+                    drop(placement);
                     self.drop_resource(resource);
                     return Err(refusal);
                 }
             }
         }
-        drop(slot);
+        drop(placement);
         resource.detached.store(true, Relaxed);
         self.unlink(resource);
         let mut urls = lock(&self.urls);
@@ -295,33 +295,34 @@ impl Registry {
         let variants = urls.entry(resource.key.clone()).or_default();
         variants.vary = vary.clone();
         let secondary = rules::secondary_key(&resource.template, host, vary);
-        let mut variant = lock(&resource.variant);
+        let mut placement = lock(&resource.placement);
         let tracked = variants
             .by_key
-            .get(&variant.0)
+            .get(&placement.variant.0)
             .is_some_and(|r| Arc::ptr_eq(r, resource));
         if !tracked || variants.by_key.contains_key(&secondary) {
             return false;
         }
-        variants.by_key.remove(&variant.0);
+        variants.by_key.remove(&placement.variant.0);
         variants.by_key.insert(secondary.clone(), resource.clone());
-        *variant = (secondary, vary.clone());
+        placement.variant = (secondary, vary.clone());
         true
     }
 
     fn unlink(&self, resource: &Arc<Resource>) {
         let mut urls = lock(&self.urls);
         if let Some(variants) = urls.get_mut(&resource.key) {
-            let variant = lock(&resource.variant);
+            let placement = lock(&resource.placement);
+            let variant = &placement.variant.0;
             if variants
                 .by_key
-                .get(&variant.0)
+                .get(variant)
                 .is_some_and(|r| Arc::ptr_eq(r, resource))
             {
-                variants.by_key.remove(&variant.0);
+                variants.by_key.remove(variant);
                 self.metrics.resources.fetch_sub(1, Relaxed);
             }
-            drop(variant);
+            drop(placement);
             if variants.by_key.is_empty()
                 && !variants.braid
                 && variants.vary == Vary::None
@@ -370,7 +371,7 @@ impl Registry {
     /// (eviction racing the watcher's end) gives nothing back twice.
     fn drop_resource(&self, resource: &Arc<Resource>) {
         self.unlink(resource);
-        drop(lock(&resource.slot).take());
+        drop(lock(&resource.placement).slot.take());
         // Never counted again, whatever is still recorded into it.
         resource.gone.store(true, Relaxed);
         resource.wake.notify_one();

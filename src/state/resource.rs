@@ -392,32 +392,26 @@ pub struct Tuning {
 pub struct Resource {
     id: u64,
     pub(super) key: String,
-    /// The variant within the URL: forwarded host, Vary values,
-    /// credentials; and the `Vary` it was computed under. Changed only by
-    /// [`super::Registry::rekey`], under the registry's lock.
-    pub(super) variant: Mutex<(String, Vary)>,
+    /// Where the registry keeps it. One lock: the registry changes these
+    /// together (under its own lock), and they are read rarely.
+    pub(super) placement: Mutex<Placement>,
     /// The request headers its watcher sends upstream: the creating
     /// request's end-to-end headers and forwarding headers.
     pub template: HeaderMap,
     /// Keyed by credentials, or detached: counted as private.
     pub private: bool,
-    /// Its slot under `--max-private-resources`, held while it is tracked
-    /// and given back once, when it is dropped (see [`PrivateSlot`]).
-    pub(super) slot: Mutex<Option<PrivateSlot>>,
     /// What its upstream is, as learned from its own answers ([`Kind`]).
     kind: std::sync::atomic::AtomicU8,
-    /// Why it could not be tracked, for the requests waiting on its first
-    /// state (the private cap): they get this rather than a bare 502.
-    pub(super) refused: Mutex<Option<String>>,
+    /// The current state: a watch, so subscribers wake on a new head
+    /// and read it without a lock.
     head: watch::Sender<Arc<Head>>,
-    /// The origin's last answer to a GET, for plain GETs (RFC 9111).
-    stored: Mutex<Option<Arc<Stored>>>,
+    /// The origin's last answer to a GET and what it said about sharing.
+    /// One lock: both are recorded from the same answer. Read on every
+    /// plain GET, held only to clone an `Arc`.
+    answer: Mutex<Answer>,
     /// Held while a request fetches this variant from the origin, so that
     /// concurrent requests that need the origin share one request.
     pub fetching: Arc<tokio::sync::Mutex<()>>,
-    /// What the origin's latest answer said about sharing it, passed on to
-    /// downstream tiers with every 209 (spec/braid-wire.md §5.1).
-    answer_rules: Mutex<AnswerRules>,
     /// Set while a watcher task runs for this resource.
     pub(super) watching: std::sync::atomic::AtomicBool,
     /// Set when the origin's last answer could not be stored: requests then
@@ -431,11 +425,16 @@ pub struct Resource {
     /// Set when the registry dropped it: its bytes are no longer counted.
     pub(super) gone: std::sync::atomic::AtomicBool,
     total: Arc<std::sync::atomic::AtomicUsize>,
+    /// The index of its history steps. Its own lock: changed by each
+    /// publish (under `publishing`) and read by laggards' catch-ups, which
+    /// must not wait on an origin answer being recorded.
     window: Mutex<Recent>,
     /// Wakes the watcher for an immediate revalidation.
     pub wake: Notify,
     /// Bumped after every revalidation attempt, successful or not.
     validated: watch::Sender<Validation>,
+    /// When a request last used it, for eviction. Its own lock: touched by
+    /// every request, so it shares it with nothing.
     pub(super) last_used: Mutex<Instant>,
     /// Held while an origin answer is recorded (watcher, GETs and writes
     /// all record): the ticket of the newest answer recorded, or of the
@@ -445,6 +444,29 @@ pub struct Resource {
     pub direct: Arc<crate::deliver::direct::Parked>,
     /// Its window as subscribers follow it: one for all of them.
     pub(super) followed: OnceLock<Arc<dyn crate::deliver::window::Window>>,
+}
+
+/// Where the registry keeps a resource ([`Resource::placement`]).
+pub(super) struct Placement {
+    /// The variant within the URL: forwarded host, Vary values,
+    /// credentials; and the `Vary` it was computed under. Changed only by
+    /// [`super::Registry::rekey`], under the registry's lock.
+    pub(super) variant: (String, Vary),
+    /// Its slot under `--max-private-resources`, held while it is tracked
+    /// and given back once, when it is dropped (see [`PrivateSlot`]).
+    pub(super) slot: Option<PrivateSlot>,
+    /// Why it could not be tracked, for the requests waiting on its first
+    /// state (the private cap): they get this rather than a bare 502.
+    pub(super) refused: Option<String>,
+}
+
+/// The origin's last answer ([`Resource::answer`]).
+struct Answer {
+    /// Its answer to a GET, for plain GETs (RFC 9111).
+    stored: Option<Arc<Stored>>,
+    /// What it said about sharing, passed on to downstream tiers with
+    /// every 209 (spec/braid-wire.md §5.1).
+    rules: AnswerRules,
 }
 
 impl Drop for Resource {
@@ -523,19 +545,23 @@ impl Resource {
         Resource {
             id,
             key: key.path,
-            variant: Mutex::new((key.secondary, key.vary.clone())),
+            placement: Mutex::new(Placement {
+                variant: (key.secondary, key.vary.clone()),
+                slot: None,
+                refused: None,
+            }),
             template,
             private,
-            slot: Mutex::new(None),
             kind: (Kind::Unknown as u8).into(),
-            refused: Mutex::new(None),
             head: watch::channel(Arc::new(Head::unknown())).0,
-            stored: Mutex::new(None),
-            fetching: Arc::default(),
-            answer_rules: Mutex::new(AnswerRules {
-                vary: key.vary.clone(),
-                personal: false,
+            answer: Mutex::new(Answer {
+                stored: None,
+                rules: AnswerRules {
+                    vary: key.vary.clone(),
+                    personal: false,
+                },
             }),
+            fetching: Arc::default(),
             watching: false.into(),
             uncacheable: false.into(),
             detached: false.into(),
@@ -570,23 +596,23 @@ impl Resource {
 
     /// The origin's last storable answer to a GET of this variant.
     pub fn stored(&self) -> Option<Arc<Stored>> {
-        lock(&self.stored).clone()
+        lock(&self.answer).stored.clone()
     }
 
     /// Replaces the stored answer (a 200, a 304's update, or another
     /// storable status) and recounts the bytes held.
     pub fn set_stored(&self, stored: Option<Stored>) {
-        *lock(&self.stored) = stored.map(Arc::new);
+        lock(&self.answer).stored = stored.map(Arc::new);
         self.reweigh();
     }
 
     /// Marks the stored answer as needing revalidation before reuse.
     pub fn invalidate(&self) {
-        let mut slot = lock(&self.stored);
-        if let Some(stored) = slot.as_ref() {
+        let mut answer = lock(&self.answer);
+        if let Some(stored) = answer.stored.as_ref() {
             let mut copy = Stored::clone(stored);
             copy.invalid = true;
-            *slot = Some(Arc::new(copy));
+            answer.stored = Some(Arc::new(copy));
         }
     }
 
@@ -597,7 +623,7 @@ impl Resource {
     pub(crate) fn reweigh(&self) {
         let head = self.head();
         let head_body = head.body();
-        let stored_len = match lock(&self.stored).as_ref() {
+        let stored_len = match lock(&self.answer).stored.as_ref() {
             // Its headers are held twice once served: as stored, and as
             // the prepared answer built from them.
             Some(s) => {
@@ -613,7 +639,7 @@ impl Resource {
         let frames =
             head.update.as_ref().map_or(0, Bytes::len) + head.snapshot.get().map_or(0, Bytes::len);
         let weight = self.key.len()
-            + lock(&self.variant).0.len()
+            + lock(&self.placement).variant.0.len()
             + RESOURCE_OVERHEAD
             + header_bytes(&self.template)
             + head_body.len()
@@ -681,7 +707,8 @@ impl Resource {
 
     /// Why this resource could not be tracked, if it could not.
     pub fn refusal(&self) -> Option<Refusal> {
-        lock(&self.refused)
+        lock(&self.placement)
+            .refused
             .clone()
             .map(|reason| Refusal::Unavailable {
                 reason,
@@ -696,17 +723,17 @@ impl Resource {
 
     /// The `Vary` its key was computed under.
     pub fn vary(&self) -> Vary {
-        lock(&self.variant).1.clone()
+        lock(&self.placement).variant.1.clone()
     }
 
     /// Records what the origin's latest answer said about sharing.
     pub fn set_answer_rules(&self, rules: AnswerRules) {
-        *lock(&self.answer_rules) = rules;
+        lock(&self.answer).rules = rules;
     }
 
     /// What the origin's latest answer said about sharing.
     pub fn answer_rules(&self) -> AnswerRules {
-        lock(&self.answer_rules).clone()
+        lock(&self.answer).rules.clone()
     }
 
     /// The current head.
