@@ -6,20 +6,20 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use moka::sync::Cache;
-use sha2::{Digest, Sha256};
 use tokio::sync::{watch, Notify};
 
 use super::key::Key;
-use crate::braid::{self, Patch, Update, VersionId, VersionList};
+use super::stored::{header_bytes, AnswerRules, Stored};
+use super::version::{same_strong, version_of};
+use crate::braid::{self, Patch, Update, VersionList};
 use crate::diff;
 use crate::error::Refusal;
-use crate::floor::rules::{Timing, Vary};
+use crate::floor::rules::Vary;
 use crate::floor::sync::lock;
 use crate::metrics::Metrics;
 
@@ -84,111 +84,6 @@ impl State {
     /// origin refused their credentials.
     pub fn is_final(&self) -> bool {
         matches!(self, State::Denied { .. })
-    }
-}
-
-/// What an origin's answer says about who may share it: the request
-/// headers it varies on, and whether it is one client's alone
-/// (`private`, `no-store`, or it set a cookie).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnswerRules {
-    pub vary: Vary,
-    pub personal: bool,
-}
-
-/// What a header map holds: names, values, and a map entry's own cost.
-pub fn header_bytes(headers: &HeaderMap) -> usize {
-    headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 48)
-        .sum()
-}
-
-/// The origin's answer to a GET as a cache stores it (RFC 9111 §3): status,
-/// end-to-end headers, body and timing. Plain GETs are answered from it.
-#[derive(Debug, Clone)]
-pub struct Stored {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-    pub timing: Timing,
-    /// The Braid version of this body when it is also the resource's head.
-    pub version: Option<VersionList>,
-    /// Set by an unsafe request or the refresh hook: revalidate before reuse.
-    pub invalid: bool,
-    /// The headers of a plain GET answered from it, built on its first hit
-    /// ([`crate::serve::subscribe::serve_stored`]).
-    pub prepared: Memo<Prepared>,
-    /// What its own headers say about its freshness, computed on first use.
-    pub freshness: Memo<crate::floor::rules::Freshness>,
-}
-
-impl Stored {
-    /// [`crate::floor::rules::reuse`] for this stored answer.
-    pub fn reuse(
-        &self,
-        request: &crate::floor::rules::CacheControl,
-        now: SystemTime,
-    ) -> crate::floor::rules::Reuse {
-        crate::floor::rules::reuse_known(self.freshness(), request, now)
-    }
-
-    /// What its own headers say about its freshness.
-    pub fn freshness(&self) -> &crate::floor::rules::Freshness {
-        self.freshness.get_or_init(|| {
-            crate::floor::rules::Freshness::of(self.status, &self.headers, self.timing)
-        })
-    }
-}
-
-/// What every hit on one stored answer shares: its response headers with
-/// the values of the request that built them for `Age` and the last
-/// `Cache-Status` entry, which each hit sets in place (same positions, so
-/// the same bytes as building them anew).
-#[derive(Debug)]
-pub struct Prepared {
-    pub headers: HeaderMap,
-    /// The `ETag` answered (the origin's, or one made from the version).
-    pub etag: Option<String>,
-    /// The `Cache-Status` name these headers were built for.
-    pub cache_id: String,
-    /// The head's `Repr-Digest` when built with the Braid headers (the body
-    /// was the head's), `None` when built without them.
-    pub digest: Option<String>,
-    /// The `Age` and `Cache-Status` values of the last hit, with the age and
-    /// ttl they say: the hits of the same second share them.
-    pub last_hit: Mutex<Option<(u64, i64, HeaderValue, HeaderValue)>>,
-}
-
-/// A value built at most once from what holds it. A clone starts empty:
-/// clones of a [`Stored`] are made to be changed.
-pub struct Memo<T>(OnceLock<T>);
-
-impl<T> Memo<T> {
-    pub fn get_or_init(&self, f: impl FnOnce() -> T) -> &T {
-        self.0.get_or_init(f)
-    }
-}
-
-impl<T> Default for Memo<T> {
-    fn default() -> Self {
-        Memo(OnceLock::new())
-    }
-}
-
-impl<T> Clone for Memo<T> {
-    fn clone(&self) -> Self {
-        Memo::default()
-    }
-}
-
-impl<T> std::fmt::Debug for Memo<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "Memo(built)"
-        } else {
-            "Memo(empty)"
-        })
     }
 }
 
@@ -1032,117 +927,6 @@ fn snapshot_wire_len(body_len: usize) -> usize {
     body_len + 128
 }
 
-/// Whether two states are one representation under one strong ETag.
-fn same_strong(a: &State, b: &State) -> bool {
-    match (a, b) {
-        (
-            State::Present {
-                body: a_body,
-                content_type: a_type,
-                etag: Some(a_tag),
-                ..
-            },
-            State::Present {
-                body: b_body,
-                content_type: b_type,
-                etag: Some(b_tag),
-                ..
-            },
-        ) => {
-            strong_etag(a_tag).is_some_and(|a| Some(a) == strong_etag(b_tag))
-                && a_body == b_body
-                && a_type == b_type
-        }
-        _ => false,
-    }
-}
-
-/// The version the proxy derives for a state it is not told the version
-/// of: the strong ETag, else a hash of the content.
-pub fn derived_version(state: &State) -> VersionList {
-    version_of(state).0
-}
-
-/// The version and digest of a state: the strong ETag when the origin gave
-/// one, else a hash of the content (so two proxies derive the same id).
-fn version_of(state: &State) -> (VersionList, String) {
-    let mut hasher = Sha256::new();
-    match state {
-        State::Present { body, .. } => hasher.update(body),
-        State::Missing { status } => hasher.update(format!("status {status}")),
-        State::Error { status, reason } => hasher.update(format!("status {status} {reason}")),
-        // Named by its status alone: a denial whose body changes (a date
-        // in it, say) is still the one denial.
-        State::Denied { status, .. } => hasher.update(format!("status {status}")),
-        State::Unknown => {}
-    }
-    let hash = hasher.finalize();
-    // `Repr-Digest` covers the bytes sent: the body, the reason of an
-    // error, nothing for a missing resource.
-    let digest = match state {
-        State::Present { .. } => format_digest(&hash),
-        State::Denied { body, .. } => repr_digest(body),
-        State::Error { reason, .. } => repr_digest(format!("{reason}\n").as_bytes()),
-        _ => repr_digest(b""),
-    };
-    let strong = match state {
-        State::Present {
-            etag: Some(etag), ..
-        } => strong_etag(etag),
-        _ => None,
-    };
-    let id = strong.unwrap_or_else(|| {
-        let short = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hash[..16]);
-        match state {
-            State::Present { .. } => format!("h-{short}"),
-            _ => format!("s-{short}"),
-        }
-    });
-    let version = VersionId::new(id)
-        .map(VersionList::single)
-        .unwrap_or_default();
-    (version, digest)
-}
-
-/// The version a 200 announces in its headers: a Braid server's `Version`,
-/// else the strong ETag; `None` when it is known only from the body.
-pub fn announced_version(headers: &HeaderMap) -> Option<VersionList> {
-    if let Some(v) = headers
-        .get("version")
-        .and_then(|v| VersionList::parse_named(v.as_bytes(), "Version").ok())
-        .filter(|v| !v.is_empty())
-    {
-        return Some(v);
-    }
-    let etag = headers.get(http::header::ETAG)?.to_str().ok()?;
-    VersionId::new(strong_etag(etag)?)
-        .ok()
-        .map(VersionList::single)
-}
-
-/// The `Repr-Digest` value of a body: `sha-256=:<base64>:`.
-pub fn repr_digest(body: &[u8]) -> String {
-    format_digest(&Sha256::digest(body))
-}
-
-fn format_digest(hash: &[u8]) -> String {
-    format!(
-        "sha-256=:{}:",
-        base64::engine::general_purpose::STANDARD.encode(hash)
-    )
-}
-
-/// The opaque value of a strong ETag (`"abc"` → `abc`); `None` for weak or malformed ones.
-pub fn strong_etag(etag: &str) -> Option<String> {
-    let inner = etag.trim().strip_prefix('"')?.strip_suffix('"')?;
-    let valid = !inner.is_empty()
-        && inner.len() <= braid::MAX_VERSION_ID_LEN
-        && inner
-            .bytes()
-            .all(|b| b == 0x21 || (0x23..=0x7e).contains(&b));
-    valid.then(|| inner.to_string())
-}
-
 /// One resource's place under `--max-private-resources`: taken by
 /// [`Registry::reserve_private`], given back when dropped, so it is given
 /// back exactly once whatever path drops the resource.
@@ -1179,6 +963,7 @@ pub enum Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::repr_digest;
 
     #[test]
     fn repr_digest_covers_the_bytes_sent() {
