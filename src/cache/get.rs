@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 
 use super::range;
 use crate::braid::BraidRequest;
@@ -408,36 +408,12 @@ async fn fetch(
     let mut probe = Request::new(());
     *probe.method_mut() = req.method().clone();
     *probe.headers_mut() = req.headers().clone();
-    // What the request named of its versions, when the key was made with
-    // them (a resource not known to be plain, see `Gets::answer`).
-    let versioned = BraidRequest::parse(req.headers())
-        .map(|b| named_versions(&b))
-        .unwrap_or_default();
-    let versioned = match key.secondary.ends_with(&versioned) {
-        true => versioned,
-        false => String::new(),
-    };
+    let versioned = versioned_suffix(req.headers(), &key);
     let template = upstream::watcher_template(&req, config);
     let credentials = req.headers().contains_key(header::AUTHORIZATION);
     let mut out = upstream::upstream_request(req, &inner.client, config)?;
-    let validators = stored.as_ref().map(|s| {
-        (
-            s.headers.get(header::ETAG).cloned(),
-            s.headers.get(header::LAST_MODIFIED).cloned(),
-        )
-    });
-    let revalidating = matches!(validators, Some((Some(_), _)) | Some((_, Some(_))));
-    if let (true, Some((etag, modified))) = (revalidating, validators.clone()) {
-        let h = out.headers_mut();
-        h.remove(header::IF_NONE_MATCH);
-        h.remove(header::IF_MODIFIED_SINCE);
-        if let Some(etag) = etag {
-            h.insert(header::IF_NONE_MATCH, etag);
-        }
-        if let Some(modified) = modified {
-            h.insert(header::IF_MODIFIED_SINCE, modified);
-        }
-    }
+    let validators = stored.as_deref().and_then(|s| revalidate_with(&mut out, s));
+    let revalidating = validators.is_some();
     let sent = std::time::SystemTime::now();
     // What may replace an origin's error (RFC 5861 §4).
     let fallback = stored.as_ref().filter(|s| {
@@ -562,54 +538,13 @@ async fn fetch(
     };
     let not_stored = not_stored.or_else(|| copy.is_none().then_some("busy"));
     let mut response = upstream::downstream_response(response, config);
-    let mut first_held = None;
-    let target: Result<(Arc<Resource>, Option<tokio::sync::OwnedMutexGuard<()>>), &'static str> =
-        match not_stored {
-            Some(reason) => Err(reason),
-            None => {
-                let vary = rules::vary(response.headers());
-                if vary != key.vary {
-                    // Requests of the variant this answer goes under that
-                    // come before it is stored wait for it, as at first
-                    // contact (the lock is taken before the `Vary` is
-                    // recorded, so none of them can miss it).
-                    let mut next = Key {
-                        path: key.path.clone(),
-                        secondary: rules::secondary_key(probe.headers(), &host, &vary),
-                        vary: vary.clone(),
-                    };
-                    next.secondary.push_str(&versioned);
-                    first_held = inner.first.lock_of(&next).try_lock_owned().ok();
-                }
-                let mut key = inner
-                    .registry
-                    .learn_vary(&key.path, &vary, probe.headers(), &host);
-                // A versioned answer stays under the versions its request
-                // named, as it was looked up: never the present's variant.
-                key.secondary.push_str(&versioned);
-                // An answer that goes into another resource than the one
-                // waited on (its `Vary` made another key) holds that one's
-                // lock until stored, taken under the registry's lock as it is
-                // found, so that requests of its variant wait for it rather
-                // than ask again.
-                let waited_on = resource.clone();
-                inner
-                    .registry
-                    .get_or_create(
-                        &key,
-                        || template,
-                        |r| match &waited_on {
-                            Some(w) if Arc::ptr_eq(w, r) => None,
-                            _ => r.fetching.clone().try_lock_owned().ok(),
-                        },
-                    )
-                    .map(|(r, _, lock)| (r, lock))
-                    .map_err(|_| match inner.registry.is_full() {
-                        true => "state full",
-                        false => "private cap",
-                    })
-            }
-        };
+    let (target, first_held) = match not_stored {
+        Some(reason) => (Err(reason), None),
+        None => {
+            let at = (&key, host.as_str(), versioned.as_str());
+            store_target(&inner, at, &probe, response.headers(), template, &resource)
+        }
+    };
     let (target, guard): (_, Held) = match target {
         Ok((t, Some(lock))) => (
             Ok(t),
@@ -713,6 +648,103 @@ async fn fetch(
     };
     Metrics::inc(&inner.metrics.cache_misses_total);
     Ok(phase.mark(response, &config.proxy_id))
+}
+
+/// What a request named of its versions, when its key was made with them
+/// (a resource not known to be plain, see `Gets::answer`); empty otherwise.
+fn versioned_suffix(headers: &HeaderMap, key: &Key) -> String {
+    let versioned = BraidRequest::parse(headers)
+        .map(|b| named_versions(&b))
+        .unwrap_or_default();
+    match key.secondary.ends_with(&versioned) {
+        true => versioned,
+        false => String::new(),
+    }
+}
+
+/// Makes `out` a revalidation of `stored` when it has validators (its
+/// own, not the client's); returns them.
+fn revalidate_with<B>(
+    out: &mut Request<B>,
+    stored: &Stored,
+) -> Option<(Option<HeaderValue>, Option<HeaderValue>)> {
+    let etag = stored.headers.get(header::ETAG).cloned();
+    let modified = stored.headers.get(header::LAST_MODIFIED).cloned();
+    if etag.is_none() && modified.is_none() {
+        return None;
+    }
+    let h = out.headers_mut();
+    h.remove(header::IF_NONE_MATCH);
+    h.remove(header::IF_MODIFIED_SINCE);
+    if let Some(etag) = &etag {
+        h.insert(header::IF_NONE_MATCH, etag.clone());
+    }
+    if let Some(modified) = &modified {
+        h.insert(header::IF_MODIFIED_SINCE, modified.clone());
+    }
+    Some((etag, modified))
+}
+
+/// A fetching lock held until an answer is stored.
+type HeldLock = tokio::sync::OwnedMutexGuard<()>;
+
+/// Where a storable answer goes, with the lock it holds until stored; or
+/// why it cannot be stored.
+type Target = Result<(Arc<Resource>, Option<HeldLock>), &'static str>;
+
+/// The resource a storable answer goes into (the variant its `Vary` makes
+/// of the request, under the versions the request named: `at` is the key
+/// looked up, the host and that suffix), with the lock of that variant
+/// when it is not the one waited on, and the first-contact lock of a new
+/// variant key; `Err` with the reason when it cannot be tracked.
+fn store_target(
+    inner: &Arc<Gets>,
+    (key, host, versioned): (&Key, &str, &str),
+    probe: &Request<()>,
+    answer: &HeaderMap,
+    template: HeaderMap,
+    resource: &Option<Arc<Resource>>,
+) -> (Target, Option<HeldLock>) {
+    let mut first_held = None;
+    let vary = rules::vary(answer);
+    if vary != key.vary {
+        // Requests of the variant this answer goes under that come before
+        // it is stored wait for it, as at first contact (the lock is taken
+        // before the `Vary` is recorded, so none of them can miss it).
+        let mut next = Key {
+            path: key.path.clone(),
+            secondary: rules::secondary_key(probe.headers(), host, &vary),
+            vary: vary.clone(),
+        };
+        next.secondary.push_str(versioned);
+        first_held = inner.first.lock_of(&next).try_lock_owned().ok();
+    }
+    let mut key = inner
+        .registry
+        .learn_vary(&key.path, &vary, probe.headers(), host);
+    // A versioned answer stays under the versions its request named, as it
+    // was looked up: never the present's variant.
+    key.secondary.push_str(versioned);
+    // An answer that goes into another resource than the one waited on
+    // (its `Vary` made another key) holds that one's lock until stored,
+    // taken under the registry's lock as it is found, so that requests of
+    // its variant wait for it rather than ask again.
+    let target = inner
+        .registry
+        .get_or_create(
+            &key,
+            || template,
+            |r| match resource {
+                Some(w) if Arc::ptr_eq(w, r) => None,
+                _ => r.fetching.clone().try_lock_owned().ok(),
+            },
+        )
+        .map(|(r, _, lock)| (r, lock))
+        .map_err(|_| match inner.registry.is_full() {
+            true => "state full",
+            false => "private cap",
+        });
+    (target, first_held)
 }
 
 /// What a request named of its versions (`Version`, `Parents`), as a
