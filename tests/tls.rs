@@ -652,3 +652,113 @@ async fn a_tls_file_that_does_not_load_is_a_startup_error_naming_it() {
         "{stderr}"
     );
 }
+
+/// A child process, killed when the test ends, whatever happened.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn sighup_reloads_the_certificate_of_the_running_binary() {
+    use std::io::{BufRead, BufReader};
+    let dir = scratch("sighup");
+    let old_ca = Ca::new("old CA");
+    let (cert, key) = old_ca.server().write(&dir, "server");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+        .args(["--listen", "127.0.0.1:0", "--heartbeat", "0s"])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    let mut child = Running(child);
+    let mut banner = String::new();
+    BufReader::new(child.0.stdout.take().expect("stdout"))
+        .read_line(&mut banner)
+        .expect("banner");
+    let addr: SocketAddr = banner
+        .trim()
+        .strip_prefix("braid-proxy listening on https://")
+        .unwrap_or_else(|| panic!("banner: {banner}"))
+        .parse()
+        .expect("address");
+    // The log lines, as they come.
+    let stderr = child.0.stderr.take().expect("stderr");
+    let (lines, logged) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let logged_within = |text: &str| {
+        let deadline = std::time::Instant::now() + WAIT;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match logged.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        panic!("no log line with {text:?}");
+    };
+    let pid = child.0.id().to_string();
+    let hup = || {
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        // The demo's clock changes every second.
+        let old_roots = [old_ca.der()];
+        let conn = connect(addr, client_config(&old_roots, &[b"h2"], None))
+            .await
+            .expect("TLS");
+        let mut clock = subscribe(conn, "/clock", Version::HTTP_2).await;
+        clock.until("Version").await;
+
+        let new_ca = Ca::new("new CA");
+        new_ca.server().write(&dir, "server");
+        hup();
+        logged_within("TLS certificate reloaded");
+        let new_roots = [new_ca.der()];
+        connect(addr, client_config(&new_roots, &[b"h2"], None))
+            .await
+            .expect("the new certificate");
+        assert!(connect(addr, client_config(&old_roots, &[b"h2"], None))
+            .await
+            .is_err());
+        // The subscription opened before goes on.
+        let before = clock.seen.len();
+        let more = tokio::time::timeout(WAIT, async {
+            while clock.seen.len() < before + 1 {
+                let frame = clock.body.frame().await.expect("open").expect("frame");
+                if let Ok(data) = frame.into_data() {
+                    clock.seen.extend_from_slice(&data);
+                }
+            }
+        })
+        .await;
+        assert!(more.is_ok(), "no update after the reload");
+
+        // A broken file: an error line naming it, the process goes on.
+        std::fs::write(&cert, "garbage").expect("write");
+        hup();
+        let line = logged_within("TLS reload failed");
+        assert!(line.contains(&cert.display().to_string()), "{line}");
+        connect(addr, client_config(&new_roots, &[b"h2"], None))
+            .await
+            .expect("still the loaded certificate");
+    });
+}
