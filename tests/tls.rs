@@ -5,8 +5,11 @@
 //! under open subscriptions, and bad files at start.
 
 mod common;
+#[path = "common/npm.rs"]
+mod npm;
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -761,4 +764,31 @@ fn sighup_reloads_the_certificate_of_the_running_binary() {
             .await
             .expect("still the loaded certificate");
     });
+}
+
+#[test]
+fn the_braid_http_client_over_https() {
+    let conformance = npm::ensure_node_packages();
+    let dir = scratch("node");
+    let ca = Ca::new("node CA");
+    ca.server().write(&dir, "server");
+    let ca_file = write_ca(&ca, &dir, "ca");
+    let script = conformance.join("tls/braid-http-over-https.test.js");
+    let mut child = std::process::Command::new("node")
+        .arg("--test")
+        .arg(&script)
+        .current_dir(&conformance)
+        .env("BRAID_PROXY_BIN", env!("CARGO_BIN_EXE_braid-proxy"))
+        .env("BRAID_TLS_DIR", &dir)
+        .env("NODE_EXTRA_CA_CERTS", &ca_file)
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("run node (Node.js >= 20 is needed, as for the conformance suite)");
+    let status = npm::wait_or_kill(
+        &mut child,
+        Duration::from_secs(120),
+        "braid-http over HTTPS",
+    );
+    assert!(status.success(), "braid-http over HTTPS failed: {status}");
 }
