@@ -792,3 +792,31 @@ fn the_braid_http_client_over_https() {
     );
     assert!(status.success(), "braid-http over HTTPS failed: {status}");
 }
+
+#[test]
+fn chromium_holds_more_than_six_subscriptions_over_h2() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let conformance = npm::ensure_node_packages();
+    let dir = scratch("chromium");
+    let ca = Ca::new("chromium CA");
+    let server = ca.server();
+    server.write(&dir, "server");
+    // Chromium accepts the server's key by its SubjectPublicKeyInfo hash.
+    let spki = base64::engine::general_purpose::STANDARD
+        .encode(sha2::Sha256::digest(server.key.public_key_der()));
+    let script = conformance.join("tls/chromium-h2.test.js");
+    let mut child = std::process::Command::new("node")
+        .arg("--test")
+        .arg(&script)
+        .current_dir(&conformance)
+        .env("BRAID_PROXY_BIN", env!("CARGO_BIN_EXE_braid-proxy"))
+        .env("BRAID_TLS_DIR", &dir)
+        .env("BRAID_TLS_SPKI", spki)
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("run node (Node.js >= 20 is needed, as for the conformance suite)");
+    let status = npm::wait_or_kill(&mut child, Duration::from_secs(120), "Chromium over HTTPS");
+    assert!(status.success(), "Chromium over HTTPS failed: {status}");
+}
