@@ -329,18 +329,24 @@ async fn https_origin(origin: Origin, server: &Issued) -> (SocketAddr, Arc<Mutex
     (addr, versions)
 }
 
-#[tokio::test]
-async fn subscriptions_over_h2_and_http1_on_a_tls_listener() {
-    let dir = scratch("listener");
-    let ca = Ca::new("listener CA");
-    let (cert, key) = ca.server().write(&dir, "server");
+/// A plain origin with `/doc` = `body`, and a proxy in front of it whose
+/// listener has a certificate of `ca`, written into `dir`; the
+/// certificate's and the key's files.
+async fn tls_proxy(ca: &Ca, dir: &Path, body: &str) -> (Origin, Proxy, PathBuf, PathBuf) {
+    let (cert, key) = ca.server().write(dir, "server");
     let origin = Origin::default();
-    origin.set("/doc", "first");
+    origin.set("/doc", body.to_string());
     let origin_addr = origin.start().await;
     let mut config = config_for(&format!("http://{origin_addr}"));
-    config.tls_cert = Some(cert);
-    config.tls_key = Some(key);
-    let proxy = start(config).await;
+    config.tls_cert = Some(cert.clone());
+    config.tls_key = Some(key.clone());
+    (origin, start(config).await, cert, key)
+}
+
+#[tokio::test]
+async fn subscriptions_over_h2_and_http1_on_a_tls_listener() {
+    let ca = Ca::new("listener CA");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("listener"), "first").await;
     let addr = proxy.addr;
 
     let roots = [ca.der()];
@@ -372,6 +378,27 @@ async fn subscriptions_over_h2_and_http1_on_a_tls_listener() {
     assert!(!plain.contains("first"), "{plain}");
 }
 
+/// A proxy in front of the HTTPS origin at `origin`, named `host` in
+/// `--upstream`, trusting `ca` by `--upstream-ca` (written into `dir`).
+async fn https_proxy(host: &str, origin: SocketAddr, ca: &Ca, dir: &Path) -> Proxy {
+    let mut config = config_for(&format!("https://{host}:{}", origin.port()));
+    config.upstream_ca = Some(write_ca(ca, dir, "ca"));
+    start(config).await
+}
+
+/// A plain HTTP/1.1 subscription to `/doc` at `addr` sees `first`, then
+/// the origin's next version (`"e2"`) once `told` (the tier that polls the
+/// origin) is told of it.
+async fn follows_a_change(addr: SocketAddr, first: &str, origin: &Origin, told: &Proxy) {
+    let (mut stream, head) = common::wire::subscribe_raw(addr, "/doc").await;
+    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+    let mut seen = head.into_bytes();
+    common::wire::read_until(&mut stream, &mut seen, |s| s.contains(first)).await;
+    origin.set("/doc", "changed at the origin");
+    told.refresh("/doc").await;
+    common::wire::read_until(&mut stream, &mut seen, |s| s.contains("\"e2\"")).await;
+}
+
 #[tokio::test]
 async fn an_https_origin_is_verified_and_followed_over_h2() {
     let dir = scratch("origin");
@@ -379,9 +406,7 @@ async fn an_https_origin_is_verified_and_followed_over_h2() {
     let origin = Origin::default();
     origin.set("/doc", "over TLS");
     let (origin_addr, versions) = https_origin(origin.clone(), &ca.server()).await;
-    let mut config = config_for(&format!("https://localhost:{}", origin_addr.port()));
-    config.upstream_ca = Some(write_ca(&ca, &dir, "ca"));
-    let proxy = start(config).await;
+    let proxy = https_proxy("localhost", origin_addr, &ca, &dir).await;
     let addr = proxy.addr;
 
     // Pass-through: HTTP/1.1 to the origin.
@@ -394,13 +419,7 @@ async fn an_https_origin_is_verified_and_followed_over_h2() {
     );
 
     // A subscription: the watcher's polls go over h2, which ALPN chose.
-    let (mut stream, head) = common::wire::subscribe_raw(addr, "/doc").await;
-    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
-    let mut seen = head.into_bytes();
-    common::wire::read_until(&mut stream, &mut seen, |s| s.contains("over TLS")).await;
-    origin.set("/doc", "changed over TLS");
-    proxy.refresh("/doc").await;
-    common::wire::read_until(&mut stream, &mut seen, |s| s.contains("\"e2\"")).await;
+    follows_a_change(addr, "over TLS", &origin, &proxy).await;
     let seen = versions.lock().expect("lock").clone();
     assert!(
         seen.len() > 2 && seen[1..].iter().all(|v| *v == Version::HTTP_2),
@@ -416,9 +435,7 @@ async fn an_origin_whose_certificate_does_not_verify_is_a_502_with_the_reason() 
     let origin = Origin::default();
     origin.set("/doc", "secret");
     let (origin_addr, versions) = https_origin(origin, &stranger.server()).await;
-    let mut config = config_for(&format!("https://localhost:{}", origin_addr.port()));
-    config.upstream_ca = Some(write_ca(&trusted, &dir, "ca"));
-    let proxy = start(config).await;
+    let proxy = https_proxy("localhost", origin_addr, &trusted, &dir).await;
     let addr = proxy.addr;
 
     for headers in [&[][..], &[("subscribe", "true")][..]] {
@@ -445,9 +462,7 @@ async fn an_origin_whose_certificate_does_not_verify_is_a_502_with_the_reason() 
         ),
     )
     .await;
-    let mut config = config_for(&format!("https://127.0.0.1:{}", origin_addr.port()));
-    config.upstream_ca = Some(write_ca(&ca, &dir, "ca"));
-    let proxy = start(config).await;
+    let proxy = https_proxy("127.0.0.1", origin_addr, &ca, &dir).await;
     let addr = proxy.addr;
     let response = common::get(addr, "/doc", &[]).await;
     assert_eq!(response.status(), 502);
@@ -486,13 +501,7 @@ async fn a_tier_over_tls_serves_only_edges_with_a_client_certificate() {
     edge.upstream_client_cert = Some(edge_cert);
     edge.upstream_client_key = Some(edge_key);
     let edge_addr = start(edge).await.addr;
-    let (mut stream, head) = common::wire::subscribe_raw(edge_addr, "/doc").await;
-    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
-    let mut seen = head.into_bytes();
-    common::wire::read_until(&mut stream, &mut seen, |s| s.contains("from the origin")).await;
-    origin.set("/doc", "changed at the origin");
-    shield.refresh("/doc").await;
-    common::wire::read_until(&mut stream, &mut seen, |s| s.contains("\"e2\"")).await;
+    follows_a_change(edge_addr, "from the origin", &origin, &shield).await;
 
     // An edge without one is refused: 502 to its clients.
     let mut bare_edge = config_for(&upstream);
@@ -524,14 +533,7 @@ async fn a_tier_over_tls_serves_only_edges_with_a_client_certificate() {
 async fn a_reload_keeps_open_subscriptions_streaming() {
     let dir = scratch("reload");
     let old_ca = Ca::new("old CA");
-    let (cert, key) = old_ca.server().write(&dir, "server");
-    let origin = Origin::default();
-    origin.set("/doc", "before");
-    let origin_addr = origin.start().await;
-    let mut config = config_for(&format!("http://{origin_addr}"));
-    config.tls_cert = Some(cert.clone());
-    config.tls_key = Some(key.clone());
-    let proxy = start(config).await;
+    let (origin, proxy, cert, key) = tls_proxy(&old_ca, &dir, "before").await;
     let addr = proxy.addr;
     let tls = proxy.tls.clone().expect("TLS");
 
@@ -773,24 +775,14 @@ fn the_braid_http_client_over_https() {
     let ca = Ca::new("node CA");
     ca.server().write(&dir, "server");
     let ca_file = write_ca(&ca, &dir, "ca");
-    let script = conformance.join("tls/braid-http-over-https.test.js");
-    let mut child = std::process::Command::new("node")
-        .arg("--test")
-        .arg(&script)
-        .current_dir(&conformance)
-        .env("BRAID_PROXY_BIN", env!("CARGO_BIN_EXE_braid-proxy"))
-        .env("BRAID_TLS_DIR", &dir)
-        .env("NODE_EXTRA_CA_CERTS", &ca_file)
-        .stdin(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("run node (Node.js >= 20 is needed, as for the conformance suite)");
-    let status = npm::wait_or_kill(
-        &mut child,
-        Duration::from_secs(120),
-        "braid-http over HTTPS",
+    run_node(
+        &conformance,
+        "tls/braid-http-over-https.test.js",
+        &[
+            ("BRAID_TLS_DIR", dir.as_os_str()),
+            ("NODE_EXTRA_CA_CERTS", ca_file.as_os_str()),
+        ],
     );
-    assert!(status.success(), "braid-http over HTTPS failed: {status}");
 }
 
 #[test]
@@ -805,18 +797,32 @@ fn chromium_holds_more_than_six_subscriptions_over_h2() {
     // Chromium accepts the server's key by its SubjectPublicKeyInfo hash.
     let spki = base64::engine::general_purpose::STANDARD
         .encode(sha2::Sha256::digest(server.key.public_key_der()));
-    let script = conformance.join("tls/chromium-h2.test.js");
-    let mut child = std::process::Command::new("node")
-        .arg("--test")
-        .arg(&script)
-        .current_dir(&conformance)
+    run_node(
+        &conformance,
+        "tls/chromium-h2.test.js",
+        &[
+            ("BRAID_TLS_DIR", dir.as_os_str()),
+            ("BRAID_TLS_SPKI", std::ffi::OsStr::new(&spki)),
+        ],
+    );
+}
+
+/// Runs one Node test file of `conformance-tests/` against the built
+/// binary, with `env`; fails with it.
+fn run_node(conformance: &Path, file: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let mut node = std::process::Command::new("node");
+    node.arg("--test")
+        .arg(conformance.join(file))
+        .current_dir(conformance)
         .env("BRAID_PROXY_BIN", env!("CARGO_BIN_EXE_braid-proxy"))
-        .env("BRAID_TLS_DIR", &dir)
-        .env("BRAID_TLS_SPKI", spki)
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
-        .process_group(0)
+        // Its own process group: on timeout, node and the proxies it
+        // started are killed together.
+        .process_group(0);
+    let mut child = node
         .spawn()
         .expect("run node (Node.js >= 20 is needed, as for the conformance suite)");
-    let status = npm::wait_or_kill(&mut child, Duration::from_secs(120), "Chromium over HTTPS");
-    assert!(status.success(), "Chromium over HTTPS failed: {status}");
+    let status = npm::wait_or_kill(&mut child, Duration::from_secs(120), file);
+    assert!(status.success(), "{file} failed: {status}");
 }
