@@ -332,7 +332,7 @@ declare_keys! {
         parse |v: &str| -> Result<u64, String> { Ok(in_range(parse_count(v)?, 0, 1 << 30)? as u64) },
         "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After.";
 
-    // TLS (issue 47): loaded and used by src/tls.rs and src/tls_client.rs.
+    // TLS (issue 47): loaded and used by src/tls/.
     ["TLS"]
     tls_cert: Option<PathBuf>, "tls-cert", "FILE", default (none "off"),
         sample (# "/etc/braid-proxy/tls/fullchain.pem"),
@@ -363,7 +363,7 @@ declare_keys! {
 /// The configured upstream: scheme, authority and an optional path prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
-    /// `http` or `https` (then reached over TLS, src/tls_client.rs).
+    /// `http` or `https` (then reached over TLS, src/tls/client.rs).
     pub scheme: http::uri::Scheme,
     /// `host:port` as written in the URL.
     pub authority: http::uri::Authority,
@@ -578,7 +578,7 @@ impl Config {
     }
 
     /// The TLS keys that only make sense together (the files themselves are
-    /// read when the server starts, by src/tls.rs and src/tls_client.rs).
+    /// read when the server starts, by src/tls/).
     fn check_tls(&self) -> Result<(), ConfigError> {
         let pairs = [
             (

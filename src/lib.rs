@@ -22,7 +22,7 @@
 //! - [`admin`], [`status`]: metrics, health, refresh, the operator's page.
 //! - [`config`], [`error`], [`metrics`], [`demo`], [`logtime`]: flags and TOML, refusals,
 //!   counters, the embedded demo origin, the log lines' timestamp.
-//! - [`tls`], [`tls_client`]: TLS on the listener (certificate, client
+//! - [`tls`]: TLS on the listener (certificate, client
 //!   certificates, reload) and to an https upstream (verification, ALPN).
 //! - [`limits`]: open files: the descriptor limit raised at start, and the
 //!   reserve kept by refusing subscriptions before it runs out.
@@ -47,5 +47,4 @@ pub mod serve;
 pub mod state;
 pub mod status;
 pub mod tls;
-pub mod tls_client;
 pub mod writes;

@@ -19,7 +19,7 @@ use crate::config::{Config, Upstream};
 use crate::error::{describe, Refusal};
 use crate::metrics::Metrics;
 use crate::net::body::{self, Body, ClientFault};
-use crate::tls_client::{Connector, UpstreamTls};
+use crate::tls::client::{Connector, UpstreamTls};
 
 /// Facts about the connection a request arrived on, put in its extensions.
 #[derive(Debug, Clone, Copy)]
@@ -191,7 +191,7 @@ impl UpstreamClient {
         tcp.set_connect_timeout(Some(config.connect_timeout));
         tcp.set_nodelay(true);
         tcp.enforce_http(true);
-        // TLS hook (issue 47, src/tls_client.rs): an https upstream is
+        // TLS hook (issue 47, src/tls/client.rs): an https upstream is
         // reached over TLS; its watchers' connection offers h2 by ALPN
         // (what --upstream-h2c gives a plain one), pass-through's does not.
         let tls = UpstreamTls::from_config(&upstream, config)?;

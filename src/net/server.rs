@@ -54,7 +54,7 @@ impl Server {
         // An https upstream's TLS files, checked before anything listens
         // (the upstream client loads them again when the server runs).
         if let Some(upstream) = &config.upstream {
-            crate::tls_client::UpstreamTls::from_config(upstream, &config)
+            crate::tls::client::UpstreamTls::from_config(upstream, &config)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         }
         let listener = TcpListener::bind(config.listen).await?;
@@ -321,7 +321,7 @@ fn serve_connection(
     let tls = tls.cloned();
     tokio::spawn(async move {
         let _counted = counted;
-        // TLS hook (issue 47, src/tls.rs): the handshake, within the
+        // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
         // header-read timeout, then hyper by ALPN. The fast path is not
         // taken over TLS (it reads and writes the TCP socket itself).
         if let Some(tls) = tls {
