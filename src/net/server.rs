@@ -324,17 +324,11 @@ fn serve_connection(
         // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
         // header-read timeout, then hyper by ALPN. The fast path is not
         // taken over TLS (it reads and writes the TCP socket itself).
+        // Boxed: a TLS session is kilobytes, which would otherwise size
+        // every connection's task, plain ones too.
         if let Some(tls) = tls {
-            let accepted = tokio::select! {
-                accepted = tokio::time::timeout(builder.header_read_timeout, tls.accept(stream)) => accepted,
-                _ = closing.wait_for(|closing| *closing) => return,
-            };
-            let (stream, h2) = match accepted {
-                Ok(Ok(accepted)) => accepted,
-                Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return debug!(%peer, "no TLS handshake within the header-read timeout"),
-            };
-            return serve_hyper(stream, h2, router, conn_info, &builder, watcher, closing).await;
+            let serving = serve_tls(tls, stream, router, conn_info, &builder, watcher, closing);
+            return Box::pin(serving).await;
         }
         // The header-read timeout also covers the wait for the first bytes.
         // A connection that has not started a request when shutdown begins
@@ -381,6 +375,32 @@ fn serve_connection(
         }
         serve_hyper(stream, h2, router, conn_info, &builder, watcher, closing).await
     });
+}
+
+/// TLS hook (issue 47): the handshake of a connection to a TLS listener,
+/// within the header-read timeout (a failed one is a debug line: scanners
+/// and plain-HTTP clients make many), then hyper, h2 when ALPN chose it.
+async fn serve_tls(
+    tls: Arc<ServerTls>,
+    stream: TcpStream,
+    router: Router,
+    conn_info: ConnInfo,
+    builder: &Builders,
+    watcher: hyper_util::server::graceful::Watcher,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) {
+    let peer = conn_info.peer;
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(builder.header_read_timeout, tls.accept(stream)) => accepted,
+        _ = closing.wait_for(|closing| *closing) => return,
+    };
+    match accepted {
+        Ok(Ok((stream, h2))) => {
+            serve_hyper(stream, h2, router, conn_info, builder, watcher, closing).await
+        }
+        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => debug!(%peer, "no TLS handshake within the header-read timeout"),
+    }
 }
 
 /// Serves a connection (TCP, or TLS after its handshake) with hyper:
