@@ -331,11 +331,40 @@ declare_keys! {
     max_open_files: u64, "max-open-files", "N", default ("0"), sample (# "0"),
         parse |v: &str| -> Result<u64, String> { Ok(in_range(parse_count(v)?, 0, 1 << 30)? as u64) },
         "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After.";
+
+    // TLS (issue 47): loaded and used by src/tls/.
+    ["TLS"]
+    tls_cert: Option<PathBuf>, "tls-cert", "FILE", default (none "off"),
+        sample (# "/etc/braid-proxy/tls/fullchain.pem"),
+        parse file_path,
+        "PEM certificate chain (the server's certificate first) for the client listener, which then speaks TLS only, offering h2 and http/1.1 by ALPN. Needs tls-key. SIGHUP re-reads both files; one that does not load keeps the old certificate, with an error logged.";
+    tls_key: Option<PathBuf>, "tls-key", "FILE", default (none "off"),
+        sample (# "/etc/braid-proxy/tls/privkey.pem"),
+        parse file_path,
+        "PEM private key (PKCS#8, PKCS#1 or SEC1) of tls-cert.";
+    tls_client_ca: Option<PathBuf>, "tls-client-ca", "FILE", default (none "off"),
+        sample (# "/etc/braid-proxy/tls/edges-ca.pem"),
+        parse file_path,
+        "PEM CA certificates: the TLS listener then requires a client certificate issued by one of them, so that only the tiers holding one are served (mutual TLS). Needs tls-cert; SIGHUP re-reads it too.";
+    upstream_ca: Option<PathBuf>, "upstream-ca", "FILE", default (none "system roots only"),
+        sample (# "/etc/braid-proxy/tls/shield-ca.pem"),
+        parse file_path,
+        "PEM CA certificates an https upstream's certificate may chain to, besides the system's roots. There is no switch that turns verification off.";
+    upstream_client_cert: Option<PathBuf>, "upstream-client-cert", "FILE", default (none "off"),
+        sample (# "/etc/braid-proxy/tls/edge.pem"),
+        parse file_path,
+        "PEM certificate chain presented to an https upstream that asks for one (another tier's tls-client-ca). Needs upstream-client-key.";
+    upstream_client_key: Option<PathBuf>, "upstream-client-key", "FILE", default (none "off"),
+        sample (# "/etc/braid-proxy/tls/edge-key.pem"),
+        parse file_path,
+        "PEM private key of upstream-client-cert.";
 }
 
 /// The configured upstream: scheme, authority and an optional path prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
+    /// `http` or `https` (then reached over TLS, src/tls/client.rs).
+    pub scheme: http::uri::Scheme,
     /// `host:port` as written in the URL.
     pub authority: http::uri::Authority,
     /// Path prefix without a trailing slash; empty for none.
@@ -343,26 +372,45 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// Parses `http://host:port[/prefix]`.
+    /// Parses `http://host[:port][/prefix]` or `https://host[:port][/prefix]`.
     pub fn parse(s: &str) -> Result<Upstream, String> {
         let uri: Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => return Err(format!("scheme `{other}` is not supported, use http")),
+        let scheme = match uri.scheme() {
+            Some(scheme) if matches!(scheme.as_str(), "http" | "https") => scheme.clone(),
+            Some(other) => {
+                return Err(format!(
+                    "scheme `{other}` is not supported, use http or https"
+                ))
+            }
             None => return Err("the URL needs a scheme, e.g. http://127.0.0.1:9000".into()),
-        }
+        };
         let authority = uri.authority().cloned().ok_or("the URL needs a host")?;
         if uri.query().is_some() {
             return Err("the URL must not have a query".into());
         }
         let prefix = uri.path().trim_end_matches('/').to_string();
-        Ok(Upstream { authority, prefix })
+        Ok(Upstream {
+            scheme,
+            authority,
+            prefix,
+        })
+    }
+
+    /// Whether the upstream is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.scheme == http::uri::Scheme::HTTPS
+    }
+
+    /// The port connected to: the URL's, or the scheme's.
+    pub fn port(&self) -> u16 {
+        let default = if self.is_https() { 443 } else { 80 };
+        self.authority.port_u16().unwrap_or(default)
     }
 
     /// The upstream URI for a request's path and query.
     pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
         Uri::builder()
-            .scheme("http")
+            .scheme(self.scheme.clone())
             .authority(self.authority.clone())
             .path_and_query(format!("{}{}", self.prefix, path_and_query))
             .build()
@@ -371,7 +419,7 @@ impl Upstream {
 
 impl std::fmt::Display for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.prefix)
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.prefix)
     }
 }
 
@@ -524,6 +572,47 @@ impl Config {
                     "admin-listen",
                     format!("{addr} is not loopback: set admin-token so that only operators reach /metrics and /refresh"),
                 ));
+            }
+        }
+        self.check_tls()
+    }
+
+    /// The TLS keys that only make sense together (the files themselves are
+    /// read when the server starts, by src/tls/).
+    fn check_tls(&self) -> Result<(), ConfigError> {
+        let pairs = [
+            (
+                "tls-cert",
+                self.tls_cert.is_some(),
+                "tls-key",
+                self.tls_key.is_some(),
+            ),
+            (
+                "upstream-client-cert",
+                self.upstream_client_cert.is_some(),
+                "upstream-client-key",
+                self.upstream_client_key.is_some(),
+            ),
+        ];
+        for (a, has_a, b, has_b) in pairs {
+            if has_a != has_b {
+                let (given, missing) = if has_a { (a, b) } else { (b, a) };
+                return Err(bad(given, format!("needs {missing} too")));
+            }
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            return Err(bad(
+                "tls-client-ca",
+                "needs tls-cert and tls-key: client certificates are asked for over TLS".into(),
+            ));
+        }
+        let https = self.upstream.as_ref().is_some_and(Upstream::is_https);
+        for (key, set) in [
+            ("upstream-ca", self.upstream_ca.is_some()),
+            ("upstream-client-cert", self.upstream_client_cert.is_some()),
+        ] {
+            if set && !https {
+                return Err(bad(key, "applies to an https:// upstream only".into()));
             }
         }
         Ok(())
@@ -767,6 +856,14 @@ fn cors_origins(v: &str) -> Result<Vec<String>, String> {
 }
 
 /// Parses `host:port`; `localhost` is taken as 127.0.0.1.
+/// A file's path, as given (it is read when the server starts).
+fn file_path(v: &str) -> Result<Option<PathBuf>, String> {
+    if v.trim().is_empty() {
+        return Err("expected a file path".into());
+    }
+    Ok(Some(PathBuf::from(v)))
+}
+
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     let t = s.trim();
     let t = match t.strip_prefix("localhost:") {
@@ -987,7 +1084,14 @@ mod tests {
             u.uri_for("/x?y=1").unwrap().to_string(),
             "http://127.0.0.1:9000/api/x?y=1"
         );
-        assert!(Upstream::parse("https://example.com").is_err());
+        let https = Upstream::parse("https://example.com/api").unwrap();
+        assert!(https.is_https() && https.port() == 443);
+        assert_eq!(
+            https.uri_for("/x").unwrap().to_string(),
+            "https://example.com/api/x"
+        );
+        assert_eq!(https.to_string(), "https://example.com/api");
+        assert!(Upstream::parse("ftp://example.com").is_err());
         assert!(Upstream::parse("127.0.0.1:9000").is_err());
     }
 

@@ -15,11 +15,12 @@
 //! 7. `state`
 //! 8. `deliver`
 //! 9. `upstream`
-//! 10. `diff`, `limits`
-//! 11. `braid`
-//! 12. `error`
-//! 13. `floor`
-//! 14. `config`, `metrics`, `logtime`, `demo`
+//! 10. `tls`
+//! 11. `diff`, `limits`
+//! 12. `braid`
+//! 13. `error`
+//! 14. `floor`
+//! 15. `config`, `metrics`, `logtime`, `demo`
 //!
 //! - [`listen`]: listeners and connections (HTTP/1.1 + h2c), the HTTP/1.1
 //!   subscription fast path, h2c write coalescing; calls the router.
@@ -38,6 +39,8 @@
 //!   its own task, or direct delivery to parked sockets).
 //! - [`upstream`]: the one client to the configured upstream, with its
 //!   pass-through rules and health.
+//! - [`tls`]: TLS on the listener (certificate, client certificates,
+//!   reload) and to an https upstream (verification, SNI, ALPN).
 //! - The ground floor, which imports nothing above it: [`floor`] (bodies,
 //!   header helpers, chunk framing, RFC 9111's rules as pure functions, the
 //!   lock helper), [`braid`] (the wire protocol: request headers, update
@@ -67,5 +70,6 @@ pub mod router;
 pub mod serve;
 pub mod state;
 pub mod status;
+pub mod tls;
 pub mod upstream;
 pub mod writes;

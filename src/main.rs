@@ -169,16 +169,26 @@ async fn run(
         tokio::spawn(braid_proxy::demo::serve(listener));
         config.upstream = Some(Upstream::parse(&format!("http://{addr}"))?);
     }
+    // A TLS file that does not load is its own error (naming the file).
     let server = Server::bind(config.clone())
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => e.to_string(),
+            _ => format!("cannot listen on {}: {e}", config.listen),
+        })?;
     let addr = server.local_addr()?;
     let admin = server.admin_addr();
+    // TLS hook (issue 47): a TLS listener is named with https.
+    let scheme = if server.tls().is_some() {
+        "https"
+    } else {
+        "http"
+    };
     if config.log_format == LogFormat::Json {
         let upstream = config.upstream.as_ref().map(|u| u.to_string());
         tracing::info!(
             target: BANNER,
-            listen = %format_args!("http://{addr}"),
+            listen = %format_args!("{scheme}://{addr}"),
             admin = admin.map(|a| format!("http://{a}")),
             upstream,
             demo,
@@ -188,7 +198,7 @@ async fn run(
             "braid-proxy listening"
         );
     } else {
-        say!("braid-proxy listening on http://{addr}");
+        say!("braid-proxy listening on {scheme}://{addr}");
         if let Some(admin) = admin {
             say!("braid-proxy admin listening on http://{admin}");
         }

@@ -79,7 +79,7 @@ impl Router {
         }
         let upstream = config.upstream.clone().ok_or("no upstream configured")?;
         let metrics = Arc::new(Metrics::default());
-        let client = UpstreamClient::new(upstream, &config, metrics.clone());
+        let client = UpstreamClient::new(upstream, &config, metrics.clone())?;
         let (closing, closing_rx) = watch::channel(false);
         let registry = Arc::new(Registry::new(
             metrics.clone(),

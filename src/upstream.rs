@@ -20,6 +20,7 @@ use crate::error::{describe, Refusal};
 use crate::floor::body::{self, Body, ClientFault};
 use crate::floor::headers::{owned_headers, strip_hop_by_hop};
 use crate::metrics::Metrics;
+use crate::tls::client::{Connector, UpstreamTls};
 
 /// Facts about the connection a request arrived on, put in its extensions.
 #[derive(Debug, Clone, Copy)]
@@ -40,11 +41,11 @@ pub struct ConnInfo {
 /// therefore always goes over HTTP/1.1.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    pass: Client<HttpConnector, Body>,
+    pass: Client<Connector, Body>,
     /// Keeps no idle connection: for requests that carry a body on a
     /// method whose body an origin may leave unread (see [`needs_own_connection`]).
-    once: Client<HttpConnector, Body>,
-    watch: Client<HttpConnector, Body>,
+    once: Client<Connector, Body>,
+    watch: Client<Connector, Body>,
     upstream: Arc<Upstream>,
     response_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -181,12 +182,23 @@ impl UpstreamHealth {
 }
 
 impl UpstreamClient {
-    pub fn new(upstream: Upstream, config: &Config, metrics: Arc<Metrics>) -> UpstreamClient {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(true);
-        let pool = |h2c: bool, idle: usize| {
+    /// An error names a TLS file of an https upstream that does not load.
+    pub fn new(
+        upstream: Upstream,
+        config: &Config,
+        metrics: Arc<Metrics>,
+    ) -> Result<UpstreamClient, String> {
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(config.connect_timeout));
+        tcp.set_nodelay(true);
+        tcp.enforce_http(true);
+        // TLS hook (issue 47, src/tls/client.rs): an https upstream is
+        // reached over TLS; its watchers' connection offers h2 by ALPN
+        // (what --upstream-h2c gives a plain one), pass-through's does not.
+        let tls = UpstreamTls::from_config(&upstream, config)?;
+        let h2c = config.upstream_h2c && tls.is_none();
+        let pool = |h2c: bool, idle: usize, h2: bool| {
+            let connector = Connector::new(tcp.clone(), tls.as_ref(), h2);
             Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .pool_max_idle_per_host(idle)
@@ -196,18 +208,18 @@ impl UpstreamClient {
                 .http2_initial_connection_window_size(16 * 1024 * 1024)
                 .http2_keep_alive_interval(Duration::from_secs(30))
                 .http2_keep_alive_while_idle(true)
-                .build(connector.clone())
+                .build(connector)
         };
-        UpstreamClient {
-            pass: pool(false, 64),
-            once: pool(false, 0),
-            watch: pool(config.upstream_h2c, 64),
+        Ok(UpstreamClient {
+            pass: pool(false, 64, false),
+            once: pool(false, 0, false),
+            watch: pool(h2c, 64, true),
             upstream: Arc::new(upstream),
             response_timeout: config.response_timeout,
             metrics,
             health: Arc::default(),
             declares: Arc::default(),
-        }
+        })
     }
 
     /// The configured upstream.
@@ -222,7 +234,7 @@ impl UpstreamClient {
         let target = if self.upstream.authority.port().is_some() {
             authority
         } else {
-            format!("{authority}:80")
+            format!("{authority}:{}", self.upstream.port())
         };
         match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&target)).await {
             Ok(Ok(_)) => self.health.ok(),
@@ -263,7 +275,7 @@ impl UpstreamClient {
 
     async fn send_on(
         &self,
-        client: &Client<HttpConnector, Body>,
+        client: &Client<Connector, Body>,
         mut req: Request<Body>,
     ) -> Result<Response<Incoming>, Refusal> {
         Metrics::inc(&self.metrics.upstream_requests_total);
@@ -554,7 +566,8 @@ fn forwarded_headers(
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     append_via(&mut headers, version, &config.proxy_id);
-    forwarded_for(&mut headers, conn, host);
+    // TLS hook (issue 47): a TLS listener's clients came over https.
+    forwarded_for(&mut headers, conn, host, config.tls_cert.is_some());
     headers.append(
         "surrogate-capability",
         HeaderValue::from_static(crate::floor::rules::SURROGATE_CAPABILITY),
@@ -667,7 +680,12 @@ pub fn body_is_meaningless(method: &Method) -> bool {
     )
 }
 
-fn forwarded_for(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<String>) {
+fn forwarded_for(
+    headers: &mut HeaderMap,
+    conn: Option<&ConnInfo>,
+    host: Option<String>,
+    https: bool,
+) {
     if let Some(conn) = conn {
         let ip = conn.peer.ip().to_string();
         // Every earlier line counts: several header lines are one comma-joined list.
@@ -681,7 +699,8 @@ fn forwarded_for(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<
             headers.insert("x-forwarded-for", v);
         }
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let proto = if https { "https" } else { "http" };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     // The client's own `X-Forwarded-Host` never goes on as it is: a
     // trusted tier's first value is `host` already, anyone else's is not.
     headers.remove(X_FORWARDED_HOST);

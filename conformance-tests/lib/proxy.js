@@ -103,7 +103,7 @@ export async function startProxy(opts) {
       const line = stdoutBuf.slice(0, nl)
       stdoutBuf = stdoutBuf.slice(nl + 1)
       let m
-      if ((m = /braid-proxy listening on (http:\/\/[0-9.]+:\d+)/.exec(line))) listenUrl = m[1]
+      if ((m = /braid-proxy listening on (https?:\/\/[0-9.]+:\d+)/.exec(line))) listenUrl = m[1]
       if ((m = /braid-proxy admin listening on (http:\/\/[0-9.]+:\d+)/.exec(line))) adminUrl = m[1]
       checkReady()
     }

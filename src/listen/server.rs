@@ -25,6 +25,7 @@ use crate::limits::{AcceptErrors, ClientConnection};
 use crate::listen::coalesce::Coalesce;
 use crate::listen::fastpath;
 use crate::router::Router;
+use crate::tls::ServerTls;
 use crate::upstream::ConnInfo;
 
 /// How often the descriptors other than client connections are counted.
@@ -40,11 +41,22 @@ pub struct Server {
     config: Config,
     listener: TcpListener,
     admin: Option<TcpListener>,
+    /// TLS hook (issue 47): `--tls-cert` makes the listener TLS only.
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl Server {
     /// Binds the client listener and, if configured, the admin listener.
+    /// A TLS file that does not load is an `InvalidInput` error naming it.
     pub async fn bind(mut config: Config) -> std::io::Result<Server> {
+        let tls = ServerTls::from_config(&config)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        // An https upstream's TLS files, checked before anything listens
+        // (the upstream client loads them again when the server runs).
+        if let Some(upstream) = &config.upstream {
+            crate::tls::client::UpstreamTls::from_config(upstream, &config)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        }
         let listener = TcpListener::bind(config.listen).await?;
         if config.proxy_id.is_empty() {
             config.proxy_id = crate::config::default_proxy_id(listener.local_addr()?.port());
@@ -57,7 +69,13 @@ impl Server {
             config,
             listener,
             admin,
+            tls,
         })
+    }
+
+    /// The listener's TLS, when it has some (its reload is what `SIGHUP` calls).
+    pub fn tls(&self) -> Option<Arc<ServerTls>> {
+        self.tls.clone()
     }
 
     /// The address clients connect to.
@@ -78,7 +96,9 @@ impl Server {
             config,
             listener,
             admin,
+            tls,
         } = self;
+        let reloading = tls.clone().map(|tls| tokio::spawn(tls.reload_on_sighup()));
         let grace = config.shutdown_grace;
         let router = Router::new(config)?;
         let graceful = GracefulShutdown::new();
@@ -107,7 +127,7 @@ impl Server {
                     Ok((stream, peer)) => {
                         errors.accepted();
                         let counted = files.connection();
-                        serve_connection(stream, peer, counted, &builder, &router, &graceful, &fast);
+                        serve_connection(stream, peer, counted, &builder, &router, &graceful, &fast, tls.as_ref());
                     }
                     // Out of file descriptors and the like: wait instead
                     // of spinning; the subscriptions refused within the
@@ -117,6 +137,9 @@ impl Server {
             }
         }
         counting.abort();
+        if let Some(task) = reloading {
+            task.abort();
+        }
         drop(listener);
         info!("shutting down: ending subscription streams, draining in-flight requests");
         router.begin_shutdown();
@@ -267,6 +290,7 @@ impl Drop for Active {
 
 /// Serves one client connection in a task of its own; `counted` keeps it
 /// in the descriptor budget until the task ends, with the socket.
+#[allow(clippy::too_many_arguments)]
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -275,6 +299,7 @@ fn serve_connection(
     router: &Router,
     graceful: &GracefulShutdown,
     fast: &Arc<FastPath>,
+    tls: Option<&Arc<ServerTls>>,
 ) {
     let _ = stream.set_nodelay(true);
     limit_unsent(&stream, router.config().notsent_lowat);
@@ -293,8 +318,18 @@ fn serve_connection(
     let builder = builder.clone();
     let watcher = graceful.watcher();
     let fast = fast.clone();
+    let tls = tls.cloned();
     tokio::spawn(async move {
         let _counted = counted;
+        // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
+        // header-read timeout, then hyper by ALPN. The fast path is not
+        // taken over TLS (it reads and writes the TCP socket itself).
+        // Boxed: a TLS session is kilobytes, which would otherwise size
+        // every connection's task, plain ones too.
+        if let Some(tls) = tls {
+            let serving = serve_tls(tls, stream, router, conn_info, &builder, watcher, closing);
+            return Box::pin(serving).await;
+        }
         // The header-read timeout also covers the wait for the first bytes.
         // A connection that has not started a request when shutdown begins
         // is closed at once (its watcher would otherwise hold shutdown up).
@@ -338,38 +373,83 @@ fn serve_connection(
                 }
             }
         }
-        let result = if h2 {
-            // The frames of all the streams one update wakes go out in one
-            // write (src/net/coalesce.rs).
-            let io = TokioIo::new(Coalesce::new(stream));
-            // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
-            // and inline it would size every connection's task.
-            Box::pin(serve_h2(io, router, conn_info, &builder, watcher, closing)).await
-        } else {
-            let io = TokioIo::new(stream);
-            drop(closing);
-            let service = service(router, conn_info, None);
-            // Boxed, so that a connection answered on the fast path does
-            // not carry hyper's connection state in its task.
-            Box::pin(watcher.watch(builder.http1.serve_connection(io, service))).await
-        };
-        if let Err(e) = result {
-            debug!(%peer, error = %e, "connection ended with an error");
-        }
+        serve_hyper(stream, h2, router, conn_info, &builder, watcher, closing).await
     });
 }
 
-/// Serves an h2c connection. HTTP/2 has no header-read timeout of its own:
-/// a client that sends the preface and then no request is closed after the
-/// header-read timeout, or as soon as shutdown begins.
-async fn serve_h2(
-    io: TokioIo<Coalesce<TcpStream>>,
+/// TLS hook (issue 47): the handshake of a connection to a TLS listener,
+/// within the header-read timeout (a failed one is a debug line: scanners
+/// and plain-HTTP clients make many), then hyper, h2 when ALPN chose it.
+async fn serve_tls(
+    tls: Arc<ServerTls>,
+    stream: TcpStream,
     router: Router,
     conn_info: ConnInfo,
     builder: &Builders,
     watcher: hyper_util::server::graceful::Watcher,
     mut closing: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), hyper::Error> {
+) {
+    let peer = conn_info.peer;
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(builder.header_read_timeout, tls.accept(stream)) => accepted,
+        _ = closing.wait_for(|closing| *closing) => return,
+    };
+    match accepted {
+        Ok(Ok((stream, h2))) => {
+            serve_hyper(stream, h2, router, conn_info, builder, watcher, closing).await
+        }
+        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => debug!(%peer, "no TLS handshake within the header-read timeout"),
+    }
+}
+
+/// Serves a connection (TCP, or TLS after its handshake) with hyper:
+/// HTTP/2 when `h2`, HTTP/1.1 otherwise.
+async fn serve_hyper<S>(
+    stream: S,
+    h2: bool,
+    router: Router,
+    conn_info: ConnInfo,
+    builder: &Builders,
+    watcher: hyper_util::server::graceful::Watcher,
+    closing: tokio::sync::watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let result = if h2 {
+        // The frames of all the streams one update wakes go out in one
+        // write (src/net/coalesce.rs).
+        let io = TokioIo::new(Coalesce::new(stream));
+        // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
+        // and inline it would size every connection's task.
+        Box::pin(serve_h2(io, router, conn_info, builder, watcher, closing)).await
+    } else {
+        let io = TokioIo::new(stream);
+        drop(closing);
+        let service = service(router, conn_info, None);
+        // Boxed, so that a connection answered on the fast path does
+        // not carry hyper's connection state in its task.
+        Box::pin(watcher.watch(builder.http1.serve_connection(io, service))).await
+    };
+    if let Err(e) = result {
+        debug!(peer = %conn_info.peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// Serves an HTTP/2 connection. HTTP/2 has no header-read timeout of its own:
+/// a client that sends the preface and then no request is closed after the
+/// header-read timeout, or as soon as shutdown begins.
+async fn serve_h2<S>(
+    io: TokioIo<Coalesce<S>>,
+    router: Router,
+    conn_info: ConnInfo,
+    builder: &Builders,
+    watcher: hyper_util::server::graceful::Watcher,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let served = Arc::new(AtomicBool::new(false));
     let service = service(router, conn_info, Some(served.clone()));
     let conn = watcher.watch(builder.http2.serve_connection(io, service));

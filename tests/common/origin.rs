@@ -43,7 +43,8 @@ impl Origin {
         super::serve(move |req| origin.answer(req)).await
     }
 
-    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    /// The answer to one request (public for servers of other kinds, tests/tls.rs).
+    pub fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         let doc = self
             .docs

@@ -1,0 +1,828 @@
+//! TLS in and out (issue 47), over real sockets on 127.0.0.1:0 with
+//! certificates made here by rcgen: subscriptions over h2 and HTTP/1.1 on
+//! a TLS listener, an HTTPS origin (verified, and refused when it does not
+//! verify), a tier over TLS with and without client certificates, a reload
+//! under open subscriptions, and bad files at start.
+
+mod common;
+#[path = "common/npm.rs"]
+mod npm;
+
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use braid_proxy::config::{Config, Upstream};
+use braid_proxy::listen::server::Server;
+use braid_proxy::tls::ServerTls;
+use bytes::Bytes;
+use common::origin::Origin;
+use http::{Request, Response, Version};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A certificate authority made for one test, and what it signs.
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+/// A certificate with its key.
+struct Issued {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = params.self_signed(&key).expect("CA certificate");
+        Ca { cert, key }
+    }
+
+    /// A server certificate for `localhost` and 127.0.0.1.
+    fn server(&self) -> Issued {
+        self.issue(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
+    /// A client certificate (a tier's).
+    fn client(&self) -> Issued {
+        self.issue(
+            vec!["edge.test".into()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
+    }
+
+    fn issue(&self, names: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Issued {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(names).expect("params");
+        params.extended_key_usages = vec![usage];
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("certificate");
+        Issued { cert, key }
+    }
+
+    fn der(&self) -> CertificateDer<'static> {
+        self.cert.der().clone()
+    }
+}
+
+impl Issued {
+    fn chain(&self) -> Vec<CertificateDer<'static>> {
+        vec![self.cert.der().clone()]
+    }
+
+    fn key_der(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::try_from(self.key.serialize_der()).expect("key DER")
+    }
+
+    /// Writes `<name>.pem` and `<name>-key.pem` into `dir`.
+    fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let cert = dir.join(format!("{name}.pem"));
+        let key = dir.join(format!("{name}-key.pem"));
+        std::fs::write(&cert, self.cert.pem()).expect("write certificate");
+        std::fs::write(&key, self.key.serialize_pem()).expect("write key");
+        (cert, key)
+    }
+}
+
+/// A fresh directory for one test's PEM files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("braid-proxy-tls-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    dir
+}
+
+fn write_ca(ca: &Ca, dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.pem"));
+    std::fs::write(&path, ca.cert.pem()).expect("write CA");
+    path
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    braid_proxy::tls::provider()
+}
+
+/// A TLS client configuration trusting `roots`, offering `alpn`, with a
+/// client certificate when given.
+fn client_config(
+    roots: &[CertificateDer<'static>],
+    alpn: &[&[u8]],
+    identity: Option<&Issued>,
+) -> Arc<rustls::ClientConfig> {
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store.add(root.clone()).expect("root");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(store);
+    let mut config = match identity {
+        Some(id) => builder
+            .with_client_auth_cert(id.chain(), id.key_der())
+            .expect("client certificate"),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
+type Tls = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// A TLS connection to `addr`, verified as `localhost`.
+async fn connect(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").expect("name");
+    tokio::time::timeout(
+        WAIT,
+        tokio_rustls::TlsConnector::from(config).connect(name, tcp),
+    )
+    .await
+    .expect("handshake in time")
+}
+
+/// A request for `path` with `headers` over `tls`, by HTTP/2 when ALPN chose it.
+async fn send(tls: Tls, path: &str, headers: &[(&str, &str)]) -> hyper::Result<Response<Incoming>> {
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let mut req = Request::builder().uri(format!("https://localhost{path}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let io = TokioIo::new(tls);
+    let answer = async {
+        if h2 {
+            let req = req
+                .version(Version::HTTP_2)
+                .body(Empty::<Bytes>::new())
+                .expect("request");
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+            tokio::spawn(conn);
+            sender.send_request(req).await
+        } else {
+            let req = req
+                .uri(path)
+                .header("host", "localhost")
+                .body(Empty::<Bytes>::new())
+                .expect("request");
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+            tokio::spawn(conn);
+            sender.send_request(req).await
+        }
+    };
+    tokio::time::timeout(WAIT, answer)
+        .await
+        .expect("answered in time")
+}
+
+/// A subscription's body as it streams. (Updates may be patches: tests
+/// wait for versions, the origin's ETags, rather than for whole texts.)
+struct Stream {
+    body: Incoming,
+    seen: Vec<u8>,
+}
+
+impl Stream {
+    /// Reads until `text` has been seen, within the test's wait.
+    async fn until(&mut self, text: &str) {
+        let found = async {
+            while !String::from_utf8_lossy(&self.seen).contains(text) {
+                match self.body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            self.seen.extend_from_slice(&data);
+                        }
+                    }
+                    other => panic!(
+                        "the stream ended before {text:?} ({:?}); it had: {}",
+                        other.map(|r| r.map(|_| ())),
+                        String::from_utf8_lossy(&self.seen)
+                    ),
+                }
+            }
+        };
+        tokio::time::timeout(WAIT, found).await.unwrap_or_else(|_| {
+            panic!(
+                "no {text:?} in time; the stream had: {}",
+                String::from_utf8_lossy(&self.seen)
+            )
+        });
+    }
+}
+
+/// Subscribes to `path` over `tls`; checks the 209 and the protocol.
+async fn subscribe(tls: Tls, path: &str, version: Version) -> Stream {
+    let response = send(tls, path, &[("subscribe", "true")])
+        .await
+        .expect("response");
+    assert_eq!(response.status().as_u16(), 209, "{response:?}");
+    assert_eq!(response.version(), version);
+    Stream {
+        body: response.into_body(),
+        seen: Vec::new(),
+    }
+}
+
+/// A proxy configuration in front of `upstream`, polling every 30 s
+/// (changes are told by refresh).
+fn config_for(upstream: &str) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        upstream: Some(Upstream::parse(upstream).expect("upstream")),
+        poll_interval: Duration::from_secs(30),
+        ..Config::default()
+    }
+}
+
+/// A running proxy.
+struct Proxy {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    tls: Option<Arc<ServerTls>>,
+}
+
+impl Proxy {
+    /// Tells the proxy that `path` changed (the admin listener's refresh).
+    async fn refresh(&self, path: &str) {
+        let response =
+            common::request(self.admin, "POST", &format!("/refresh?path={path}"), &[]).await;
+        assert!(response.status().is_success(), "{response:?}");
+    }
+}
+
+/// Binds and runs a proxy.
+async fn start(config: Config) -> Proxy {
+    let server = Server::bind(config).await.expect("bind proxy");
+    let proxy = Proxy {
+        addr: server.local_addr().expect("addr"),
+        admin: server.admin_addr().expect("admin"),
+        tls: server.tls(),
+    };
+    tokio::spawn(server.run(std::future::pending()));
+    proxy
+}
+
+/// Serves `origin` over TLS with `server`'s certificate, offering h2 and
+/// http/1.1 by ALPN (and asking for a client certificate when
+/// `client_ca` is given); records the version of every request.
+async fn https_origin(origin: Origin, server: &Issued) -> (SocketAddr, Arc<Mutex<Vec<Version>>>) {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(server.chain(), server.key_der())
+        .expect("origin certificate");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind origin");
+    let addr = listener.local_addr().expect("addr");
+    let versions = Arc::new(Mutex::new(Vec::new()));
+    let seen = versions.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, origin, seen) = (acceptor.clone(), origin.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    seen.lock().expect("lock").push(req.version());
+                    std::future::ready(Ok::<_, std::convert::Infallible>(origin.answer(req)))
+                });
+                let io = TokioIo::new(tls);
+                let _ = if h2 {
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await
+                } else {
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await
+                };
+            });
+        }
+    });
+    (addr, versions)
+}
+
+/// A plain origin with `/doc` = `body`, and a proxy in front of it whose
+/// listener has a certificate of `ca`, written into `dir`; the
+/// certificate's and the key's files.
+async fn tls_proxy(ca: &Ca, dir: &Path, body: &str) -> (Origin, Proxy, PathBuf, PathBuf) {
+    let (cert, key) = ca.server().write(dir, "server");
+    let origin = Origin::default();
+    origin.set("/doc", body.to_string());
+    let origin_addr = origin.start().await;
+    let mut config = config_for(&format!("http://{origin_addr}"));
+    config.tls_cert = Some(cert.clone());
+    config.tls_key = Some(key.clone());
+    (origin, start(config).await, cert, key)
+}
+
+#[tokio::test]
+async fn subscriptions_over_h2_and_http1_on_a_tls_listener() {
+    let ca = Ca::new("listener CA");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("listener"), "first").await;
+    let addr = proxy.addr;
+
+    let roots = [ca.der()];
+    let h2 = connect(addr, client_config(&roots, &[b"h2", b"http/1.1"], None))
+        .await
+        .expect("TLS");
+    assert_eq!(h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let mut over_h2 = subscribe(h2, "/doc", Version::HTTP_2).await;
+    let h1 = connect(addr, client_config(&roots, &[b"http/1.1"], None))
+        .await
+        .expect("TLS");
+    let mut over_h1 = subscribe(h1, "/doc", Version::HTTP_11).await;
+    // No ALPN at all is HTTP/1.1 too.
+    let bare = connect(addr, client_config(&roots, &[], None))
+        .await
+        .expect("TLS");
+    let mut bare = subscribe(bare, "/doc", Version::HTTP_11).await;
+    for stream in [&mut over_h2, &mut over_h1, &mut bare] {
+        stream.until("first").await;
+    }
+    origin.set("/doc", "second");
+    proxy.refresh("/doc").await;
+    for stream in [&mut over_h2, &mut over_h1, &mut bare] {
+        stream.until("\"e2\"").await;
+    }
+
+    // Plain HTTP on the TLS port is not served.
+    let plain = common::exchange(addr, "GET /doc HTTP/1.1\r\nHost: a\r\n\r\n".into()).await;
+    assert!(!plain.contains("first"), "{plain}");
+}
+
+/// A proxy in front of the HTTPS origin at `origin`, named `host` in
+/// `--upstream`, trusting `ca` by `--upstream-ca` (written into `dir`).
+async fn https_proxy(host: &str, origin: SocketAddr, ca: &Ca, dir: &Path) -> Proxy {
+    let mut config = config_for(&format!("https://{host}:{}", origin.port()));
+    config.upstream_ca = Some(write_ca(ca, dir, "ca"));
+    start(config).await
+}
+
+/// A plain HTTP/1.1 subscription to `/doc` at `addr` sees `first`, then
+/// the origin's next version (`"e2"`) once `told` (the tier that polls the
+/// origin) is told of it.
+async fn follows_a_change(addr: SocketAddr, first: &str, origin: &Origin, told: &Proxy) {
+    let (mut stream, head) = common::wire::subscribe_raw(addr, "/doc").await;
+    assert!(head.starts_with("HTTP/1.1 209"), "{head}");
+    let mut seen = head.into_bytes();
+    common::wire::read_until(&mut stream, &mut seen, |s| s.contains(first)).await;
+    origin.set("/doc", "changed at the origin");
+    told.refresh("/doc").await;
+    common::wire::read_until(&mut stream, &mut seen, |s| s.contains("\"e2\"")).await;
+}
+
+#[tokio::test]
+async fn an_https_origin_is_verified_and_followed_over_h2() {
+    let dir = scratch("origin");
+    let ca = Ca::new("origin CA");
+    let origin = Origin::default();
+    origin.set("/doc", "over TLS");
+    let (origin_addr, versions) = https_origin(origin.clone(), &ca.server()).await;
+    let proxy = https_proxy("localhost", origin_addr, &ca, &dir).await;
+    let addr = proxy.addr;
+
+    // Pass-through: HTTP/1.1 to the origin.
+    let response = common::get(addr, "/doc", &[]).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(common::body_of(response).await, "over TLS");
+    assert_eq!(
+        versions.lock().expect("lock").as_slice(),
+        [Version::HTTP_11]
+    );
+
+    // A subscription: the watcher's polls go over h2, which ALPN chose.
+    follows_a_change(addr, "over TLS", &origin, &proxy).await;
+    let seen = versions.lock().expect("lock").clone();
+    assert!(
+        seen.len() > 2 && seen[1..].iter().all(|v| *v == Version::HTTP_2),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_origin_whose_certificate_does_not_verify_is_a_502_with_the_reason() {
+    let dir = scratch("unverified");
+    let trusted = Ca::new("trusted CA");
+    let stranger = Ca::new("stranger CA");
+    let origin = Origin::default();
+    origin.set("/doc", "secret");
+    let (origin_addr, versions) = https_origin(origin, &stranger.server()).await;
+    let proxy = https_proxy("localhost", origin_addr, &trusted, &dir).await;
+    let addr = proxy.addr;
+
+    for headers in [&[][..], &[("subscribe", "true")][..]] {
+        let response = common::get(addr, "/doc", headers).await;
+        assert_eq!(response.status(), 502, "{headers:?}");
+        let body = String::from_utf8_lossy(&common::body_of(response).await).into_owned();
+        assert!(
+            body.contains("certificate") && !body.contains("secret"),
+            "{body}"
+        );
+    }
+    assert!(versions.lock().expect("lock").is_empty());
+
+    // A name the certificate does not carry fails the same way.
+    let dir = scratch("wrong-name");
+    let ca = Ca::new("origin CA");
+    let origin = Origin::default();
+    origin.set("/doc", "secret");
+    let (origin_addr, _) = https_origin(
+        origin,
+        &ca.issue(
+            vec!["elsewhere.test".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        ),
+    )
+    .await;
+    let proxy = https_proxy("127.0.0.1", origin_addr, &ca, &dir).await;
+    let addr = proxy.addr;
+    let response = common::get(addr, "/doc", &[]).await;
+    assert_eq!(response.status(), 502);
+    let body = String::from_utf8_lossy(&common::body_of(response).await).into_owned();
+    assert!(body.contains("certificate"), "{body}");
+}
+
+#[tokio::test]
+async fn a_tier_over_tls_serves_only_edges_with_a_client_certificate() {
+    let dir = scratch("tier");
+    let ca = Ca::new("tier CA");
+    let ca_file = write_ca(&ca, &dir, "ca");
+    let (shield_cert, shield_key) = ca.server().write(&dir, "shield");
+    let edge_identity = ca.client();
+    let (edge_cert, edge_key) = edge_identity.write(&dir, "edge");
+
+    let origin = Origin::default();
+    origin.set("/doc", "from the origin");
+    let origin_addr = origin.start().await;
+    let mut shield = config_for(&format!("http://{origin_addr}"));
+    shield.tls_cert = Some(shield_cert);
+    shield.tls_key = Some(shield_key);
+    shield.tls_client_ca = Some(ca_file.clone());
+    let shield = start(shield).await;
+    let shield_addr = shield.addr;
+    assert!(shield
+        .tls
+        .as_ref()
+        .expect("TLS")
+        .requires_client_certificates());
+
+    // An edge with a certificate follows the shield.
+    let upstream = format!("https://localhost:{}", shield_addr.port());
+    let mut edge = config_for(&upstream);
+    edge.upstream_ca = Some(ca_file.clone());
+    edge.upstream_client_cert = Some(edge_cert);
+    edge.upstream_client_key = Some(edge_key);
+    let edge_addr = start(edge).await.addr;
+    follows_a_change(edge_addr, "from the origin", &origin, &shield).await;
+
+    // An edge without one is refused: 502 to its clients.
+    let mut bare_edge = config_for(&upstream);
+    bare_edge.upstream_ca = Some(ca_file);
+    let bare_addr = start(bare_edge).await.addr;
+    let response = common::get(bare_addr, "/doc", &[]).await;
+    assert_eq!(response.status(), 502);
+
+    // And so is any client without one (TLS 1.3 ends the handshake on
+    // the client's side first: the refusal comes with the first request).
+    let roots = [ca.der()];
+    let refused = match connect(shield_addr, client_config(&roots, &[b"http/1.1"], None)).await {
+        Err(_) => true,
+        Ok(tls) => send(tls, "/doc", &[]).await.is_err(),
+    };
+    assert!(refused, "a client without a certificate was served");
+    // With one, it is served.
+    let tls = connect(
+        shield_addr,
+        client_config(&roots, &[b"h2"], Some(&edge_identity)),
+    )
+    .await
+    .expect("TLS");
+    let response = send(tls, "/doc", &[]).await.expect("response");
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn a_reload_keeps_open_subscriptions_streaming() {
+    let dir = scratch("reload");
+    let old_ca = Ca::new("old CA");
+    let (origin, proxy, cert, key) = tls_proxy(&old_ca, &dir, "before").await;
+    let addr = proxy.addr;
+    let tls = proxy.tls.clone().expect("TLS");
+
+    let old_roots = [old_ca.der()];
+    let mut streams = Vec::new();
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let conn = connect(addr, client_config(&old_roots, &[alpn], None))
+            .await
+            .expect("TLS");
+        let version = if alpn == b"h2" {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let mut stream = subscribe(conn, "/doc", version).await;
+        stream.until("before").await;
+        streams.push(stream);
+    }
+
+    // New files in place, then the reload SIGHUP calls.
+    let new_ca = Ca::new("new CA");
+    new_ca.server().write(&dir, "server");
+    tls.reload().expect("reload");
+    origin.set("/doc", "after the reload");
+    proxy.refresh("/doc").await;
+    for stream in &mut streams {
+        stream.until("\"e2\"").await;
+    }
+    // New connections get the new certificate.
+    let new_roots = [new_ca.der()];
+    assert!(connect(addr, client_config(&old_roots, &[b"h2"], None))
+        .await
+        .is_err());
+    let conn = connect(addr, client_config(&new_roots, &[b"h2"], None))
+        .await
+        .expect("the new certificate");
+    subscribe(conn, "/doc", Version::HTTP_2)
+        .await
+        .until("after the reload")
+        .await;
+
+    // A file that does not load: an error naming it, and the loaded
+    // certificate stays.
+    std::fs::write(&cert, "not a certificate").expect("write");
+    let error = tls.reload().expect_err("a broken certificate file");
+    assert!(error.contains(&cert.display().to_string()), "{error}");
+    new_ca.server().write(&dir, "server");
+    std::fs::remove_file(&key).expect("remove key");
+    let error = tls.reload().expect_err("a missing key file");
+    assert!(error.contains(&key.display().to_string()), "{error}");
+    connect(addr, client_config(&new_roots, &[b"h2"], None))
+        .await
+        .expect("still the loaded certificate");
+    origin.set("/doc", "still streaming");
+    proxy.refresh("/doc").await;
+    for stream in &mut streams {
+        stream.until("\"e3\"").await;
+    }
+}
+
+#[tokio::test]
+async fn a_tls_file_that_does_not_load_is_a_startup_error_naming_it() {
+    let dir = scratch("startup");
+    let ca = Ca::new("startup CA");
+    let (cert, key) = ca.server().write(&dir, "server");
+    let missing = dir.join("missing.pem");
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(&garbage, "-----BEGIN CERTIFICATE-----\nnot base64!\n").expect("write");
+    let other_key = dir.join("other-key.pem");
+    std::fs::write(
+        &other_key,
+        KeyPair::generate().expect("key").serialize_pem(),
+    )
+    .expect("write");
+
+    // (what is wrong, the key set to the file, the file)
+    let cases = [
+        ("missing cert", "tls-cert", &missing),
+        ("missing key", "tls-key", &missing),
+        ("garbage cert", "tls-cert", &garbage),
+        ("a key of another certificate", "tls-key", &other_key),
+        ("key as cert", "tls-cert", &key),
+        ("missing client CA", "tls-client-ca", &missing),
+    ];
+    for (case, flag, named) in cases {
+        let mut config = config_for("http://127.0.0.1:9");
+        config.tls_cert = Some(cert.clone());
+        config.tls_key = Some(key.clone());
+        config
+            .set(flag, named.to_str().expect("UTF-8 path"))
+            .expect("set");
+        let error = match Server::bind(config).await {
+            Ok(_) => panic!("{case}: started"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            error.contains(&named.display().to_string()),
+            "{case}: {error}"
+        );
+    }
+    let mut config = config_for("https://localhost:9");
+    config.upstream_ca = Some(missing.clone());
+    let error = Server::bind(config)
+        .await
+        .err()
+        .expect("a missing upstream CA");
+    assert!(error.to_string().contains("--upstream-ca"), "{error}");
+
+    // The binary says which file, and stops.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+        .args(["--listen", "127.0.0.1:0", "--tls-key"])
+        .arg(&key)
+        .arg("--tls-cert")
+        .arg(&missing)
+        .output()
+        .expect("run the binary");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("--tls-cert {}", missing.display())),
+        "{stderr}"
+    );
+}
+
+/// A child process, killed when the test ends, whatever happened.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn sighup_reloads_the_certificate_of_the_running_binary() {
+    use std::io::{BufRead, BufReader};
+    let dir = scratch("sighup");
+    let old_ca = Ca::new("old CA");
+    let (cert, key) = old_ca.server().write(&dir, "server");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+        .args(["--listen", "127.0.0.1:0", "--heartbeat", "0s"])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    let mut child = Running(child);
+    let mut banner = String::new();
+    BufReader::new(child.0.stdout.take().expect("stdout"))
+        .read_line(&mut banner)
+        .expect("banner");
+    let addr: SocketAddr = banner
+        .trim()
+        .strip_prefix("braid-proxy listening on https://")
+        .unwrap_or_else(|| panic!("banner: {banner}"))
+        .parse()
+        .expect("address");
+    // The log lines, as they come.
+    let stderr = child.0.stderr.take().expect("stderr");
+    let (lines, logged) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let logged_within = |text: &str| {
+        let deadline = std::time::Instant::now() + WAIT;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match logged.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        panic!("no log line with {text:?}");
+    };
+    let pid = child.0.id().to_string();
+    let hup = || {
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+    };
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        // The demo's clock changes every second.
+        let old_roots = [old_ca.der()];
+        let conn = connect(addr, client_config(&old_roots, &[b"h2"], None))
+            .await
+            .expect("TLS");
+        let mut clock = subscribe(conn, "/clock", Version::HTTP_2).await;
+        clock.until("Version").await;
+
+        let new_ca = Ca::new("new CA");
+        new_ca.server().write(&dir, "server");
+        hup();
+        logged_within("TLS certificate reloaded");
+        let new_roots = [new_ca.der()];
+        connect(addr, client_config(&new_roots, &[b"h2"], None))
+            .await
+            .expect("the new certificate");
+        assert!(connect(addr, client_config(&old_roots, &[b"h2"], None))
+            .await
+            .is_err());
+        // The subscription opened before goes on.
+        let before = clock.seen.len();
+        let more = tokio::time::timeout(WAIT, async {
+            while clock.seen.len() < before + 1 {
+                let frame = clock.body.frame().await.expect("open").expect("frame");
+                if let Ok(data) = frame.into_data() {
+                    clock.seen.extend_from_slice(&data);
+                }
+            }
+        })
+        .await;
+        assert!(more.is_ok(), "no update after the reload");
+
+        // A broken file: an error line naming it, the process goes on.
+        std::fs::write(&cert, "garbage").expect("write");
+        hup();
+        let line = logged_within("TLS reload failed");
+        assert!(line.contains(&cert.display().to_string()), "{line}");
+        connect(addr, client_config(&new_roots, &[b"h2"], None))
+            .await
+            .expect("still the loaded certificate");
+    });
+}
+
+#[test]
+fn the_braid_http_client_over_https() {
+    let conformance = npm::ensure_node_packages();
+    let dir = scratch("node");
+    let ca = Ca::new("node CA");
+    ca.server().write(&dir, "server");
+    let ca_file = write_ca(&ca, &dir, "ca");
+    run_node(
+        &conformance,
+        "tls/braid-http-over-https.test.js",
+        &[
+            ("BRAID_TLS_DIR", dir.as_os_str()),
+            ("NODE_EXTRA_CA_CERTS", ca_file.as_os_str()),
+        ],
+    );
+}
+
+#[test]
+fn chromium_holds_more_than_six_subscriptions_over_h2() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let conformance = npm::ensure_node_packages();
+    let dir = scratch("chromium");
+    let ca = Ca::new("chromium CA");
+    let server = ca.server();
+    server.write(&dir, "server");
+    // Chromium accepts the server's key by its SubjectPublicKeyInfo hash.
+    let spki = base64::engine::general_purpose::STANDARD
+        .encode(sha2::Sha256::digest(server.key.public_key_der()));
+    run_node(
+        &conformance,
+        "tls/chromium-h2.test.js",
+        &[
+            ("BRAID_TLS_DIR", dir.as_os_str()),
+            ("BRAID_TLS_SPKI", std::ffi::OsStr::new(&spki)),
+        ],
+    );
+}
+
+/// Runs one Node test file of `conformance-tests/` against the built
+/// binary, with `env`; fails with it.
+fn run_node(conformance: &Path, file: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let mut node = std::process::Command::new("node");
+    node.arg("--test")
+        .arg(conformance.join(file))
+        .current_dir(conformance)
+        .env("BRAID_PROXY_BIN", env!("CARGO_BIN_EXE_braid-proxy"))
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        // Its own process group: on timeout, node and the proxies it
+        // started are killed together.
+        .process_group(0);
+    let mut child = node
+        .spawn()
+        .expect("run node (Node.js >= 20 is needed, as for the conformance suite)");
+    let status = npm::wait_or_kill(&mut child, Duration::from_secs(120), file);
+    assert!(status.success(), "{file} failed: {status}");
+}
