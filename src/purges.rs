@@ -359,16 +359,16 @@ impl Purges {
             return text(
                 StatusCode::FORBIDDEN,
                 "the purge feed is served to --trusted-downstream peers only\n",
+                None,
             );
         }
         if !matches!(*req.method(), Method::GET | Method::HEAD) {
-            let mut r = text(
+            let allow = (header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "the purge feed is read-only\n",
+                Some(allow),
             );
-            r.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return r;
         }
         let subscribe = req
             .headers()
@@ -395,22 +395,20 @@ impl Purges {
         let current = HeaderValue::from_str(&self.at(head).version().to_header_value())
             .unwrap_or_else(|_| HeaderValue::from_static("\"\""));
         if !subscribe || *req.method() == Method::HEAD {
-            let mut r = text(
+            return text(
                 StatusCode::OK,
                 "braid-proxy purge feed: GET with Subscribe: true (spec/tiers.md)\n",
+                Some((header::HeaderName::from_static("current-version"), current)),
             );
-            r.headers_mut().insert("current-version", current);
-            return r;
         }
         if self.readers.fetch_add(1, Relaxed) >= MAX_READERS {
             self.readers.fetch_sub(1, Relaxed);
-            let mut r = text(
+            let retry = (header::RETRY_AFTER, HeaderValue::from_static("5"));
+            return text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too many purge feed subscribers\n",
+                Some(retry),
             );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            return r;
         }
         let reader = Reader(self.readers.clone());
         let heartbeat = req
@@ -777,13 +775,21 @@ enum Opened {
     Failed(String),
 }
 
-fn text(status: StatusCode, line: &'static str) -> Response<Body> {
+/// The feed's own short answers: a line of text, never stored, and one
+/// more header when given.
+fn text(
+    status: StatusCode,
+    line: &'static str,
+    extra: Option<(header::HeaderName, HeaderValue)>,
+) -> Response<Body> {
     let mut r = Response::new(body::full(line));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some((name, value)) = extra {
+        h.insert(name, value);
+    }
     r
 }
 

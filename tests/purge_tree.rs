@@ -34,11 +34,14 @@ const WAIT: Duration = Duration::from_secs(10);
 /// about a second").
 const PROPAGATION: Duration = Duration::from_millis(1000);
 
+/// A document: its body, its number (the ETag's) and its tag.
+type Doc = (String, u64, &'static str);
+
 /// A plain origin: path → (body, n); ETag `"e<n>"`, `max-age=600`, and
 /// `Surrogate-Key: <the path's tag>`; counts its requests per path.
 #[derive(Clone, Default)]
 struct Origin {
-    docs: Arc<Mutex<HashMap<String, (String, u64, &'static str)>>>,
+    docs: Arc<Mutex<HashMap<String, Doc>>>,
     asked: Arc<Mutex<HashMap<String, usize>>>,
 }
 
