@@ -246,7 +246,7 @@ declare_keys! {
         "Unused since subscriptions are relayed (a Braid upstream gets each client's own Heartbeats); still accepted so that existing configurations load.";
     upstream_purges: UpstreamPurges, "upstream-purges", "MODE", default ("auto"),
         parse upstream_purges,
-        "Whether this tier follows its upstream's purge feed (spec/tiers.md), so that purges and refreshes made above reach it: `auto` asks once the upstream has answered as a Braid server, and stops asking for good at an answer that is not a purge feed; `follow` asks from the start and keeps asking (an upstream known to be a braid-proxy); `off` never asks.";
+        "Whether this tier follows its upstream's purge feed (spec/tiers.md), so that purges and refreshes made above reach it: `auto` asks once an upstream answer carried Purge-Feed (a braid-proxy's answers to the tiers below do), and stops asking for good at an answer that is not a purge feed; `follow` asks from the start and keeps asking (an upstream known to be a braid-proxy); `off` never asks.";
     upstream_h2c: bool, "upstream-h2c", "BOOL", default ("false"),
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         parse parse_bool,
@@ -484,8 +484,9 @@ pub enum UpstreamKind {
 /// Whether this tier follows its upstream's purge feed (`--upstream-purges`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UpstreamPurges {
-    /// Once the upstream answered as a Braid server; an answer that is not
-    /// a purge feed is remembered and the feed never asked for again.
+    /// Once an upstream answer named its purge feed (`Purge-Feed`); an
+    /// answer that is not a purge feed is remembered and the feed never
+    /// asked for again.
     #[default]
     Auto,
     /// From the start, whatever the upstream answers.

@@ -11,8 +11,9 @@
 //! in that window gets what came after it, any other `Parents` one reset
 //! update (`{"action":"purge","all":true}`, no `Parents`).
 //!
-//! Following ([`Purges::follow`]): one subscription to the upstream's
-//! feed, resumed with `Parents` after a break. Each update is applied by
+//! Following ([`Purges::follow`]): once the upstream named its feed
+//! (the `Purge-Feed` header a braid-proxy puts on its answers to a
+//! downstream tier), one subscription to the upstream's feed, resumed with `Parents` after a break. Each update is applied by
 //! the caller's function (the admin listener's own path, which also
 //! publishes it on this tier's feed, so it travels further down). An
 //! update whose `Parents` is not the version applied last (a reset, a
@@ -34,7 +35,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::braid::{self, DecodeLimits, Decoder, Update, VersionId, VersionList};
-use crate::config::{Config, UpstreamKind, UpstreamPurges};
+use crate::config::{Config, UpstreamPurges};
 use crate::floor::body::{self, Body, BoxError, Chunk};
 use crate::floor::sync::lock;
 use crate::upstream::{self, ConnInfo, UpstreamClient};
@@ -531,11 +532,11 @@ impl Purges {
 
     /// Follows the upstream's purge feed until the proxy shuts down,
     /// handing every purge to `apply` (see the module docs).
-    /// `braid_seen` turns true once the upstream answered as a Braid
-    /// server (`--upstream-purges auto` waits for it).
+    /// `announced` turns true once an answer of the upstream named its
+    /// purge feed (`--upstream-purges auto` waits for it).
     pub async fn follow(
         self: Arc<Self>,
-        mut braid_seen: watch::Receiver<bool>,
+        mut announced: watch::Receiver<bool>,
         apply: impl Fn(&Purge) + Send + Sync + 'static,
     ) {
         let mode = self.config.upstream_purges;
@@ -543,11 +544,9 @@ impl Purges {
         match mode {
             UpstreamPurges::Off => return,
             UpstreamPurges::Follow => {}
-            UpstreamPurges::Auto if self.config.upstream_kind == UpstreamKind::Braid => {}
-            UpstreamPurges::Auto if self.config.upstream_kind == UpstreamKind::Rest => return,
             UpstreamPurges::Auto => {
                 tokio::select! {
-                    seen = braid_seen.wait_for(|seen| *seen) => if seen.is_err() { return },
+                    seen = announced.wait_for(|seen| *seen) => if seen.is_err() { return },
                     _ = closing.wait_for(|c| *c) => return,
                 }
             }

@@ -360,7 +360,7 @@ impl Router {
     /// applying what it carries as [`Router::apply_purge`] does.
     pub fn follow_purges(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let router = self.clone();
-        let seen = self.inner.registry.braid_seen();
+        let seen = self.inner.client.announces_purge_feed.subscribe();
         self.inner.purges.clone().follow(seen, move |purge| {
             router.apply_purge(purge);
         })
@@ -376,6 +376,7 @@ impl Router {
         let uri = req.uri().clone();
         let version = req.version();
         let cors_request = self.inner.cors.enabled().then(|| req.headers().clone());
+        let to_a_tier = crate::cache::get::from_a_tier_below(&req);
         let mut response = match self.route(req).await {
             Ok(response) => response,
             Err(refusal) => refusal.into_response(),
@@ -386,6 +387,13 @@ impl Router {
         // Every answer names this proxy in Via (RFC 9110 §7.6.3): passed
         // through, served from state, a 209, or the proxy's own error.
         self.name_in_via(&mut response);
+        if to_a_tier {
+            // A tier below learns here that this proxy serves a purge feed.
+            response.headers_mut().insert(
+                upstream::PURGE_FEED_HEADER,
+                HeaderValue::from_static(purges::FEED_PATH),
+            );
+        }
         let target = uri.path_and_query().map_or("", |p| p.as_str());
         let cache = response
             .extensions()

@@ -69,9 +69,6 @@ pub struct Registry {
     /// Bytes held outside the resources' own weights (windows, relayed
     /// windows, copies of answers in flight), counted against the same cap.
     others: Mutex<Vec<HeldElsewhere>>,
-    /// Turns true the first time any answer showed a Braid upstream (the
-    /// purge feed is asked for then, src/purges.rs).
-    braid_seen: tokio::sync::watch::Sender<bool>,
 }
 
 /// Reads the bytes one other holder keeps now.
@@ -87,13 +84,7 @@ impl Registry {
             limits,
             metrics,
             others: Mutex::default(),
-            braid_seen: tokio::sync::watch::Sender::new(false),
         }
-    }
-
-    /// Turns true once any answer has shown a Braid upstream.
-    pub fn braid_seen(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.braid_seen.subscribe()
     }
 
     /// Whether `key` is tracked now.
@@ -129,8 +120,6 @@ impl Registry {
     /// Records that a Braid server answered for `path`.
     pub fn learn_braid(&self, path: &str) {
         lock(&self.urls).entry(path.to_string()).or_default().braid = true;
-        self.braid_seen
-            .send_if_modified(|seen| !std::mem::replace(seen, true));
     }
 
     /// Records that a plain origin answered for `resource` (and so, as a
