@@ -214,6 +214,13 @@ impl At {
         }
         At::parse(first.as_str())
     }
+
+    /// The feed version a `Parents` or `Current-Version` value names.
+    fn of_header(value: &HeaderValue) -> Option<At> {
+        VersionList::parse(value.as_bytes())
+            .ok()
+            .and_then(|l| At::of_list(&l))
+    }
 }
 
 /// A boot id: 16 hex digits, different at every start.
@@ -380,11 +387,7 @@ impl Purges {
             let log = lock(&self.log);
             let head = *self.head.borrow();
             let first = log.entries.front().map_or(head + 1, |(seq, _)| *seq);
-            let parents = req.headers().get("parents").map(|v| {
-                VersionList::parse(v.as_bytes())
-                    .ok()
-                    .and_then(|l| At::of_list(&l))
-            });
+            let parents = req.headers().get("parents").map(At::of_header);
             match parents {
                 None => (head, head, false),
                 Some(Some(p)) if p.boot == self.boot && p.seq <= head && p.seq + 1 >= first => {
@@ -558,9 +561,9 @@ impl Purges {
                 return;
             }
             match self.open(last.as_ref()).await {
-                Opened::Feed(response) => {
+                Opened::Feed(response, current) => {
                     self.counts.following.store(true, Relaxed);
-                    let clean = self.read(response, &mut last, &apply).await;
+                    let clean = self.read(response, current, &mut last, &apply).await;
                     self.counts.following.store(false, Relaxed);
                     wait = if clean {
                         RETRY_FIRST
@@ -631,20 +634,20 @@ impl Purges {
         let current = response
             .headers()
             .get("current-version")
-            .and_then(|v| VersionList::parse(v.as_bytes()).ok())
-            .and_then(|l| At::of_list(&l));
-        if current.is_none() {
+            .and_then(At::of_header);
+        let Some(current) = current else {
             return Opened::NotAFeed("a 209 without a purge feed's Current-Version".into());
-        }
-        Opened::Feed(response)
+        };
+        Opened::Feed(response, current)
     }
 
-    /// Reads one feed stream until it ends; true when it ended cleanly
-    /// (the upstream closed it), false when it broke, went silent or
-    /// carried an update that does not frame.
+    /// Reads one feed stream (its `Current-Version` is `current`) until it
+    /// ends; true when it ended cleanly (the upstream closed it), false
+    /// when it broke, went silent or carried an update that does not frame.
     async fn read(
         &self,
         response: Response<hyper::body::Incoming>,
+        current: At,
         last: &mut Option<At>,
         apply: &(impl Fn(&Purge) + Send + Sync),
     ) -> bool {
@@ -654,16 +657,11 @@ impl Purges {
             .and_then(|v| braid::parse_heartbeats(v.as_bytes()).ok())
             .filter(|d| !d.is_zero())
             .map_or(Duration::from_secs(300), |d| d * 2 + Duration::from_secs(2));
-        let current = response
-            .headers()
-            .get("current-version")
-            .and_then(|v| VersionList::parse(v.as_bytes()).ok())
-            .and_then(|l| At::of_list(&l));
         if last.is_none() {
             // Whatever is stored came from an upstream this proxy was not
             // following yet.
             self.resync(apply, "the feed opened for the first time");
-            *last = current;
+            *last = Some(current);
         }
         let mut decoder = Decoder::new(DecodeLimits {
             max_header_block: MAX_UPDATE_HEAD,
@@ -767,7 +765,8 @@ impl Purges {
 
 /// How asking for the upstream's feed went.
 enum Opened {
-    Feed(Response<hyper::body::Incoming>),
+    /// The feed's stream and the version it is at.
+    Feed(Response<hyper::body::Incoming>, At),
     /// An answer that is not a purge feed.
     NotAFeed(String),
     /// No answer, or a gateway's error: ask again later.
