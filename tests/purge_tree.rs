@@ -7,21 +7,20 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use braid_proxy::config::{Config, Upstream, UpstreamPurges};
-use braid_proxy::listen::server::Server;
+use braid_proxy::config::{Config, UpstreamPurges};
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Response;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 
+use common::origin::Origin;
+use common::tier::{self, Tier};
 use common::{body_of, request};
 
 /// The host every client asks for (one variant at every tier).
@@ -34,166 +33,27 @@ const WAIT: Duration = Duration::from_secs(10);
 /// about a second").
 const PROPAGATION: Duration = Duration::from_millis(1000);
 
-/// A document: its body, its number (the ETag's) and its tag.
-type Doc = (String, u64, &'static str);
-
-/// A plain origin: path → (body, n); ETag `"e<n>"`, `max-age=600`, and
-/// `Surrogate-Key: <the path's tag>`; counts its requests per path.
-#[derive(Clone, Default)]
-struct Origin {
-    docs: Arc<Mutex<HashMap<String, Doc>>>,
-    asked: Arc<Mutex<HashMap<String, usize>>>,
+/// The origin of every test: answers stored for ten minutes, each path
+/// tagged (`Surrogate-Key`).
+fn origin() -> Origin {
+    Origin::with_cache_control("max-age=600")
 }
 
-impl Origin {
-    fn set(&self, path: &str, body: &str, tag: &'static str) {
-        let mut docs = self.docs.lock().expect("lock");
-        let n = docs.get(path).map_or(1, |d| d.1 + 1);
-        docs.insert(path.to_string(), (body.to_string(), n, tag));
-    }
-
-    fn asked(&self, path: &str) -> usize {
-        self.asked
-            .lock()
-            .expect("lock")
-            .get(path)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    async fn start(&self) -> SocketAddr {
-        let origin = self.clone();
-        common::serve(move |req| origin.answer(req)).await
-    }
-
-    fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let path = req.uri().path().to_string();
-        *self
-            .asked
-            .lock()
-            .expect("lock")
-            .entry(path.clone())
-            .or_default() += 1;
-        let Some((body, n, tag)) = self.docs.lock().expect("lock").get(&path).cloned() else {
-            return Response::builder()
-                .status(404)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        };
-        let etag = format!("\"e{n}\"");
-        let builder = Response::builder()
-            .header("etag", &etag)
-            .header("cache-control", "max-age=600")
-            .header("surrogate-key", tag);
-        if req
-            .headers()
-            .get("if-none-match")
-            .is_some_and(|v| v.as_bytes() == etag.as_bytes())
-        {
-            return builder
-                .status(304)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        }
-        builder
-            .header("content-type", "text/plain")
-            .body(Full::new(Bytes::from(body)))
-            .expect("response")
-    }
-}
-
+/// A tier as tests/chaining.rs runs them, polling only every 30 s:
+/// changes come only by purge and refresh here.
 fn config(id: &str, upstream: SocketAddr, listen: SocketAddr) -> Config {
     Config {
-        listen,
-        admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
-        upstream: Some(Upstream::parse(&format!("http://{upstream}")).expect("upstream")),
-        // Changes come only by purge and refresh here.
         poll_interval: Duration::from_secs(30),
-        heartbeat: Duration::ZERO,
-        proxy_id: id.to_string(),
-        shutdown_grace: Duration::from_millis(200),
-        ..Config::default()
+        ..tier::config(id, upstream, listen)
     }
 }
 
-/// A running proxy; `kill` shuts it down.
-struct Tier {
-    id: String,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<()>,
-}
-
+/// What these tests do with a tier: GETs that tell whether it answered
+/// from state, admin purges, and waits on its purge feed.
 impl Tier {
-    async fn start(config: Config) -> Tier {
-        let id = config.proxy_id.clone();
-        let server = Server::bind(config).await.expect("bind proxy");
-        let addr = server.local_addr().expect("addr");
-        let admin = server.admin_addr().expect("admin addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(async move {
-            server
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("proxy runs");
-        });
-        Tier {
-            id,
-            addr,
-            admin,
-            stop: Some(stop),
-            done,
-        }
-    }
-
     /// A tier whose upstream is `upstream`, on a fresh port.
     async fn below(id: &str, upstream: SocketAddr) -> Tier {
         Tier::start(config(id, upstream, "127.0.0.1:0".parse().expect("addr"))).await
-    }
-
-    async fn kill(mut self) {
-        drop(self.stop.take());
-        tokio::time::timeout(WAIT, &mut self.done)
-            .await
-            .expect("proxy stops in time")
-            .expect("proxy task");
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let (status, text) = get_text(self.admin, "/metrics").await;
-        assert_eq!(status, 200);
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("braid_proxy_{name} ")))
-            .unwrap_or_else(|| panic!("metric {name} missing"))
-            .trim()
-            .parse()
-            .expect("number")
-    }
-
-    /// Waits (bounded) until a metric satisfies `ok`.
-    async fn wait_metric(&self, name: &str, ok: impl Fn(f64) -> bool, what: &str) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let got = self.metric(name).await;
-            if ok(got) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{}: {what}: {name} is {got}",
-                self.id
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Waits until this tier follows its upstream's purge feed.
-    async fn wait_following(&self) {
-        self.wait_metric("purge_feed_following", |v| v == 1.0, "follows the feed")
-            .await;
     }
 
     /// A GET: (body, whether this tier answered it from its stored state).
@@ -305,16 +165,16 @@ async fn store_everywhere(tiers: &[&Tier], path: &str, body: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tag_purge_at_the_top_reaches_depth_two_and_three() {
-    let origin = Origin::default();
-    origin.set("/news", "old news", "news");
-    origin.set("/sport", "old sport", "sport");
+    let origin = origin();
+    origin.set_tagged("/news", "old news", "news");
+    origin.set_tagged("/sport", "old sport", "sport");
     let (top, middle, bottom) = three_tiers(&origin).await;
     let tiers = [&top, &middle, &bottom];
     store_everywhere(&tiers, "/news", "old news").await;
     store_everywhere(&tiers, "/sport", "old sport").await;
 
-    origin.set("/news", "new news", "news");
-    origin.set("/sport", "new sport", "sport");
+    origin.set_tagged("/news", "new news", "news");
+    origin.set_tagged("/sport", "new sport", "sport");
     // Stored for ten minutes: nothing below has a reason to ask.
     assert_eq!(bottom.get("/news").await, ("old news".to_string(), true));
     assert_eq!(middle.get("/news").await, ("old news".to_string(), true));
@@ -341,16 +201,16 @@ async fn a_tag_purge_at_the_top_reaches_depth_two_and_three() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_purge_at_the_top_reaches_depth_two_and_three() {
-    let origin = Origin::default();
-    origin.set("/doc", "version 1", "docs");
-    origin.set("/other", "other 1", "docs");
+    let origin = origin();
+    origin.set_tagged("/doc", "version 1", "docs");
+    origin.set_tagged("/other", "other 1", "docs");
     let (top, middle, bottom) = three_tiers(&origin).await;
     let tiers = [&top, &middle, &bottom];
     store_everywhere(&tiers, "/doc", "version 1").await;
     store_everywhere(&tiers, "/other", "other 1").await;
 
-    origin.set("/doc", "version 2", "docs");
-    origin.set("/other", "other 2", "docs");
+    origin.set_tagged("/doc", "version 2", "docs");
+    origin.set_tagged("/other", "other 2", "docs");
     assert_eq!(bottom.get("/doc").await, ("version 1".to_string(), true));
 
     let purged_at = Instant::now();
@@ -365,7 +225,7 @@ async fn a_path_purge_at_the_top_reaches_depth_two_and_three() {
         assert_eq!(tier.get("/other").await, ("other 1".to_string(), true));
     }
     // A purge in the middle reaches the bottom, not the top.
-    origin.set("/other", "other 3", "docs");
+    origin.set_tagged("/other", "other 3", "docs");
     assert_eq!(
         middle.admin("/purge?path=/other").await,
         (200, "purged 1\n".into())
@@ -376,8 +236,8 @@ async fn a_path_purge_at_the_top_reaches_depth_two_and_three() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refresh_at_the_top_reaches_subscribers_and_stored_answers_below() {
-    let origin = Origin::default();
-    origin.set("/live", "live 1", "live");
+    let origin = origin();
+    origin.set_tagged("/live", "live 1", "live");
     let (top, middle, bottom) = three_tiers(&origin).await;
     let tiers = [&top, &middle, &bottom];
     store_everywhere(&tiers, "/live", "live 1").await;
@@ -397,7 +257,7 @@ async fn a_refresh_at_the_top_reaches_subscribers_and_stored_answers_below() {
         tier.store_as(OTHER_HOST, "/live", "live 1").await;
     }
 
-    origin.set("/live", "live 2", "live");
+    origin.set_tagged("/live", "live 2", "live");
     let started = Instant::now();
     assert_eq!(
         top.admin("/refresh?path=/live").await,
@@ -480,9 +340,9 @@ impl Cable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tier_whose_feed_was_cut_resumes_it_and_serves_nothing_stale() {
-    let origin = Origin::default();
-    origin.set("/news", "old news", "news");
-    origin.set("/doc", "doc 1", "docs");
+    let origin = origin();
+    origin.set_tagged("/news", "old news", "news");
+    origin.set_tagged("/doc", "doc 1", "docs");
     let origin_addr = origin.start().await;
     let top = Tier::below("top", origin_addr).await;
     let cable = Cable::to(top.addr).await;
@@ -495,8 +355,8 @@ async fn a_tier_whose_feed_was_cut_resumes_it_and_serves_nothing_stale() {
     edge.wait_metric("purge_feed_following", |v| v == 0.0, "lost the feed")
         .await;
     // Purges while the edge is away.
-    origin.set("/news", "new news", "news");
-    origin.set("/doc", "doc 2", "docs");
+    origin.set_tagged("/news", "new news", "news");
+    origin.set_tagged("/doc", "doc 2", "docs");
     assert_eq!(
         top.admin("/purge?tag=news").await,
         (200, "purged 1\n".into())
@@ -519,8 +379,8 @@ async fn a_tier_whose_feed_was_cut_resumes_it_and_serves_nothing_stale() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_middle_tier_makes_the_tier_below_drop_what_it_stored() {
-    let origin = Origin::default();
-    origin.set("/news", "old news", "news");
+    let origin = origin();
+    origin.set_tagged("/news", "old news", "news");
     let (top, middle, bottom) = three_tiers(&origin).await;
     store_everywhere(&[&top, &middle, &bottom], "/news", "old news").await;
     let resyncs = bottom.metric("purge_feed_resyncs_total").await;
@@ -532,7 +392,7 @@ async fn a_restarted_middle_tier_makes_the_tier_below_drop_what_it_stored() {
         .await;
     // A purge at the top while the middle tier is away: nobody is left
     // to pass it to the bottom.
-    origin.set("/news", "new news", "news");
+    origin.set_tagged("/news", "new news", "news");
     assert_eq!(
         top.admin("/purge?tag=news").await,
         (200, "purged 1\n".into())
@@ -556,8 +416,8 @@ async fn a_restarted_middle_tier_makes_the_tier_below_drop_what_it_stored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_at_an_edge_goes_down_but_never_up_or_sideways() {
-    let origin = Origin::default();
-    origin.set("/news", "old news", "news");
+    let origin = origin();
+    origin.set_tagged("/news", "old news", "news");
     let origin_addr = origin.start().await;
     let shield = Tier::below("shield", origin_addr).await;
     let edge = Tier::below("edge", shield.addr).await;
@@ -568,7 +428,7 @@ async fn a_purge_at_an_edge_goes_down_but_never_up_or_sideways() {
     let asked = origin.asked("/news");
     let received = third.metric("purge_feed_received_total").await;
 
-    origin.set("/news", "new news", "news");
+    origin.set_tagged("/news", "new news", "news");
     assert_eq!(
         edge.admin("/purge?tag=news").await,
         (200, "purged 1\n".into())
@@ -595,7 +455,7 @@ async fn a_purge_at_an_edge_goes_down_but_never_up_or_sideways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_feed_is_read_only_and_for_trusted_downstream_tiers() {
-    let origin = Origin::default();
+    let origin = origin();
     let origin_addr = origin.start().await;
     let open = Tier::below("open", origin_addr).await;
     let mut closed_config = config("closed", origin_addr, "127.0.0.1:0".parse().expect("addr"));
