@@ -1,5 +1,7 @@
 //! The operations listener: the operator's page (`/`, which polls
-//! `/status`), `/metrics`, `/healthz`, `/readyz` and `POST /refresh?path=/x`.
+//! `/status`), `/metrics`, `/healthz`, `/readyz`, `POST /refresh?path=/x`
+//! and `POST /purge`; each refresh and purge is also published on this
+//! proxy's purge feed for the tiers below (src/purges.rs).
 
 use std::convert::Infallible;
 use std::time::Instant;
@@ -12,6 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::error::Refusal;
 use crate::floor::body::{self, Body};
+use crate::purges::Purge;
 use crate::router::Router;
 
 /// Serves the admin listener until the task is aborted, probing the
@@ -148,7 +151,10 @@ fn refresh(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, R
     if !path.starts_with('/') {
         return Err(Refusal::BadRequest("refresh path must start with /".into()));
     }
-    let known = router.refresh(&path);
+    let refresh = Purge::Refresh(path);
+    refresh.check().map_err(Refusal::BadRequest)?;
+    // Published on this proxy's purge feed too, for the tiers below.
+    let known = router.apply_purge(&refresh) > 0;
     let msg = if known {
         "refreshing\n"
     } else {
@@ -160,7 +166,6 @@ fn refresh(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, R
 /// `POST /purge?path=/x` drops every stored variant of a URL; `?tag=T`
 /// every stored answer whose `Surrogate-Key` or `Cache-Tag` lists T.
 fn purge(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, Refusal> {
-    use crate::cache::purge::Selector;
     let query = req.uri().query().unwrap_or("");
     let find = |name: &str| {
         query
@@ -171,13 +176,13 @@ fn purge(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, Ref
         percent_decode(v)
             .ok_or_else(|| Refusal::BadRequest("purge value is not valid percent-encoding".into()))
     };
-    let purged = match (find("path"), find("tag")) {
+    let purge = match (find("path"), find("tag")) {
         (Some(path), None) => {
             let path = decode(path)?;
             if !path.starts_with('/') {
                 return Err(Refusal::BadRequest("purge path must start with /".into()));
             }
-            router.purge(Selector::Path(&path))
+            Purge::Path(path)
         }
         (None, Some(tag)) => {
             let tag = decode(tag)?;
@@ -185,7 +190,7 @@ fn purge(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, Ref
             if tag.is_empty() {
                 return Err(Refusal::BadRequest("purge tag is empty".into()));
             }
-            router.purge(Selector::Tag(tag))
+            Purge::Tag(tag.to_string())
         }
         _ => {
             return Err(Refusal::BadRequest(
@@ -193,6 +198,9 @@ fn purge(req: &Request<Incoming>, router: &Router) -> Result<Response<Body>, Ref
             ))
         }
     };
+    purge.check().map_err(Refusal::BadRequest)?;
+    // Published on this proxy's purge feed too, for the tiers below.
+    let purged = router.apply_purge(&purge);
     Ok(text(
         StatusCode::OK,
         format!("purged {purged}\n"),

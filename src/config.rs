@@ -244,6 +244,9 @@ declare_keys! {
     upstream_heartbeat: Duration, "upstream-heartbeat", "DURATION", default ("20s"),
         parse |v: &str| at_most_an_hour(positive_duration(v)?),
         "Unused since subscriptions are relayed (a Braid upstream gets each client's own Heartbeats); still accepted so that existing configurations load.";
+    upstream_purges: UpstreamPurges, "upstream-purges", "MODE", default ("auto"),
+        parse upstream_purges,
+        "Whether this tier follows its upstream's purge feed (spec/tiers.md), so that purges and refreshes made above reach it: `auto` asks once an upstream answer carried Purge-Feed (a braid-proxy's answers to the tiers below do), and stops asking for good at an answer that is not a purge feed; `follow` asks from the start and keeps asking (an upstream known to be a braid-proxy); `off` never asks.";
     upstream_h2c: bool, "upstream-h2c", "BOOL", default ("false"),
         #[arg(num_args = 0..=1, default_missing_value = "true")]
         parse parse_bool,
@@ -526,6 +529,20 @@ pub enum UpstreamKind {
     Rest,
 }
 
+/// Whether this tier follows its upstream's purge feed (`--upstream-purges`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamPurges {
+    /// Once an upstream answer named its purge feed (`Purge-Feed`); an
+    /// answer that is not a purge feed is remembered and the feed never
+    /// asked for again.
+    #[default]
+    Auto,
+    /// From the start, whatever the upstream answers.
+    Follow,
+    /// Never.
+    Off,
+}
+
 /// The default id of the instance listening on `port`: `<hostname>:<port>`,
 /// the hostname reduced to Via-token characters. Unique per instance on a
 /// host, and stable across restarts of that instance.
@@ -792,6 +809,15 @@ fn upstream_kind(v: &str) -> Result<UpstreamKind, String> {
         "braid" => Ok(UpstreamKind::Braid),
         "rest" => Ok(UpstreamKind::Rest),
         other => Err(format!("`{other}` is not auto, braid or rest")),
+    }
+}
+
+fn upstream_purges(v: &str) -> Result<UpstreamPurges, String> {
+    match v.trim() {
+        "auto" => Ok(UpstreamPurges::Auto),
+        "follow" => Ok(UpstreamPurges::Follow),
+        "off" => Ok(UpstreamPurges::Off),
+        other => Err(format!("`{other}` is not auto, follow or off")),
     }
 }
 
@@ -1114,6 +1140,12 @@ mod tests {
         c.set("multiplex", "relay").unwrap();
         assert_eq!(c.multiplex, MultiplexMode::Relay);
         assert!(c.set("multiplex", "both").is_err());
+        assert_eq!(c.upstream_purges, UpstreamPurges::Auto);
+        c.set("upstream-purges", "off").unwrap();
+        assert_eq!(c.upstream_purges, UpstreamPurges::Off);
+        c.set("upstream-purges", "follow").unwrap();
+        assert_eq!(c.upstream_purges, UpstreamPurges::Follow);
+        assert!(c.set("upstream-purges", "sometimes").is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! 1. `listen`
 //! 2. `admin`
 //! 3. `router`
-//! 4. `cache`, `writes`, `status`
+//! 4. `cache`, `writes`, `status`, `purges`
 //! 5. `serve`
 //! 6. `feed`
 //! 7. `state`
@@ -28,6 +28,10 @@
 //! - [`router`]: classifies each request once and makes one call; access log.
 //! - [`cache`]: the GET path answered from state by RFC 9111, ranges, purge.
 //! - [`writes`]: Braid patch writes applied onto plain origins under `If-Match`.
+//! - [`purges`]: the purge feed (spec/tiers.md): the purges and refreshes
+//!   this proxy performed, served as a Braid subscription to the tiers
+//!   below, and the upstream's feed followed. What it follows is applied
+//!   by a function the router hands it, so it never imports the router.
 //! - [`serve`]: a subscription's 209 and answers made from state; the multiplexer.
 //! - [`feed`]: how a resource learns its changes: [`feed::poll`] (a plain
 //!   origin) or [`feed::braid`] (an upstream Braid subscription, relayed).
@@ -66,6 +70,7 @@ pub mod limits;
 pub mod listen;
 pub mod logtime;
 pub mod metrics;
+pub mod purges;
 pub mod router;
 pub mod serve;
 pub mod state;

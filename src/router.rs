@@ -19,6 +19,7 @@ use crate::floor::body::{self, Body, BoxError, RequestBody};
 use crate::floor::phase::CachePhase;
 use crate::limits::OpenFiles;
 use crate::metrics::Metrics;
+use crate::purges::{self, Purge, Purges};
 use crate::serve::multiplex::{self, Multiplexers};
 use crate::serve::subscribe::{Cors, Subscriptions};
 use crate::state::{History, Key, Kind, Registry, RegistryLimits, Resource, Tuning};
@@ -48,11 +49,15 @@ struct Inner {
     /// Descriptors open against the limit; new subscriptions are refused
     /// within its reserve.
     open_files: Arc<OpenFiles>,
+    /// The purges this proxy performed, served to the tiers below it.
+    purges: Arc<Purges>,
 }
 
 /// What a request is: the closed set of routes [`Router::classify`]
 /// decides between, once per request.
 enum Route {
+    /// This proxy's purge feed, for the tiers below (src/purges.rs).
+    PurgeFeed,
     /// A CORS preflight, answered here.
     Preflight(Response<Body>),
     /// For the upstream as it is: requests for the upstream's own
@@ -112,6 +117,11 @@ impl Router {
             registry.clone(),
             closing_rx.clone(),
         ));
+        let purges = Arc::new(Purges::new(
+            client.clone(),
+            config.clone(),
+            closing_rx.clone(),
+        ));
         let subscriptions = Subscriptions {
             history,
             metrics: metrics.clone(),
@@ -163,6 +173,7 @@ impl Router {
             multiplexers,
             gets,
             open_files: Arc::new(OpenFiles::for_this_process()),
+            purges,
         };
         Ok(Router {
             inner: Arc::new(inner),
@@ -247,6 +258,7 @@ impl Router {
             "validation_age_seconds",
             "Per subscribed resource: seconds since its upstream last answered a revalidation (0 while a Braid upstream stream is live).",
         );
+        self.inner.purges.render_metrics(&mut out);
         out
     }
 
@@ -329,6 +341,31 @@ impl Router {
         purged
     }
 
+    /// An operator's purge or refresh, or one from the upstream's purge
+    /// feed: applied here, then published on this proxy's own feed for
+    /// the tiers below (src/purges.rs). How many variants it reached.
+    pub fn apply_purge(&self, purge: &Purge) -> usize {
+        use crate::cache::purge::Selector;
+        let reached = match purge {
+            Purge::Path(path) => self.purge(Selector::Path(path)),
+            Purge::Tag(tag) => self.purge(Selector::Tag(tag)),
+            Purge::All => self.purge(Selector::All),
+            Purge::Refresh(path) => usize::from(self.refresh(path)),
+        };
+        self.inner.purges.publish(purge);
+        reached
+    }
+
+    /// Follows the upstream's purge feed until the proxy shuts down,
+    /// applying what it carries as [`Router::apply_purge`] does.
+    pub fn follow_purges(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let router = self.clone();
+        let seen = self.inner.client.announces_purge_feed.subscribe();
+        self.inner.purges.clone().follow(seen, move |purge| {
+            router.apply_purge(purge);
+        })
+    }
+
     /// Handles one client request; never fails, errors become responses.
     pub async fn handle(&self, mut req: Request<RequestBody>, conn: ConnInfo) -> Response<Body> {
         let started = Instant::now();
@@ -339,6 +376,7 @@ impl Router {
         let uri = req.uri().clone();
         let version = req.version();
         let cors_request = self.inner.cors.enabled().then(|| req.headers().clone());
+        let to_a_tier = crate::cache::get::from_a_tier_below(&req);
         let mut response = match self.route(req).await {
             Ok(response) => response,
             Err(refusal) => refusal.into_response(),
@@ -349,6 +387,13 @@ impl Router {
         // Every answer names this proxy in Via (RFC 9110 §7.6.3): passed
         // through, served from state, a 209, or the proxy's own error.
         self.name_in_via(&mut response);
+        if to_a_tier {
+            // A tier below learns here that this proxy serves a purge feed.
+            response.headers_mut().insert(
+                upstream::PURGE_FEED_HEADER,
+                HeaderValue::from_static(purges::FEED_PATH),
+            );
+        }
         let target = uri.path_and_query().map_or("", |p| p.as_str());
         let cache = response
             .extensions()
@@ -375,6 +420,7 @@ impl Router {
     /// Classifies a request once, then makes the one call its route names.
     async fn route(&self, req: Request<RequestBody>) -> Result<Response<Body>, Refusal> {
         match self.classify(&req)? {
+            Route::PurgeFeed => Ok(self.inner.purges.serve(&req)),
             Route::Preflight(answer) => Ok(answer),
             Route::PassThrough => self.pass_through(req).await,
             Route::Multiplexer(intent) => self.multiplexed(req, intent).await,
@@ -391,6 +437,10 @@ impl Router {
         let inner = &self.inner;
         let config = &inner.config;
         upstream::request_filter(req, config)?;
+        if req.uri().path() == purges::FEED_PATH {
+            // This proxy's own resource, never the origin's.
+            return Ok(Route::PurgeFeed);
+        }
         if let Some(preflight) = inner.cors.preflight(req) {
             return Ok(Route::Preflight(preflight));
         }

@@ -53,7 +53,14 @@ pub struct UpstreamClient {
     pub health: Arc<UpstreamHealth>,
     /// Where the upstream declares range writes on every answer.
     pub declares: Arc<RangeWrites>,
+    /// Turns true once an answer carried [`PURGE_FEED_HEADER`]: the
+    /// upstream is a braid-proxy serving a purge feed (spec/tiers.md).
+    pub announces_purge_feed: Arc<tokio::sync::watch::Sender<bool>>,
 }
+
+/// The header a braid-proxy puts on its answers to a downstream tier,
+/// naming where its purge feed is (spec/tiers.md).
+pub const PURGE_FEED_HEADER: &str = "purge-feed";
 
 /// What the upstream's answers declared about range writes, by directory
 /// (the path up to its last `/`): whether some carried
@@ -219,6 +226,7 @@ impl UpstreamClient {
             metrics,
             health: Arc::default(),
             declares: Arc::default(),
+            announces_purge_feed: Arc::new(tokio::sync::watch::Sender::new(false)),
         })
     }
 
@@ -314,6 +322,10 @@ impl UpstreamClient {
             Ok(response) => {
                 self.declares
                     .observe(&path, response.status(), response.headers());
+                if response.headers().contains_key(PURGE_FEED_HEADER) {
+                    self.announces_purge_feed
+                        .send_if_modified(|seen| !std::mem::replace(seen, true));
+                }
                 self.metrics
                     .upstream_response_seconds
                     .observe(sent.elapsed().as_secs_f64());

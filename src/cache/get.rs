@@ -109,8 +109,9 @@ impl Gets {
         req: Request<RequestBody>,
         braid: BraidRequest,
     ) -> Result<Response<Body>, Refusal> {
+        let to_a_tier = from_a_tier_below(&req);
         let mut response = self.answer(req, braid, 0).await?;
-        if !self.config.keep_surrogate_key {
+        if !self.config.keep_surrogate_key && !to_a_tier {
             // Meant for this cache (purging by tag), not for clients.
             const SURROGATE_KEY: HeaderName = HeaderName::from_static("surrogate-key");
             response.headers_mut().remove(SURROGATE_KEY);
@@ -760,6 +761,23 @@ fn named_versions(braid: &BraidRequest) -> String {
         }
     }
     out
+}
+
+/// Whether a request comes from a downstream tier: a `--trusted-downstream`
+/// peer announcing this proxy's `Surrogate-Capability`. Its answers keep
+/// `Surrogate-Key`, so that a tag purge reaches what that tier stores
+/// (spec/tiers.md).
+pub fn from_a_tier_below<B>(req: &Request<B>) -> bool {
+    let trusted = req
+        .extensions()
+        .get::<upstream::ConnInfo>()
+        .is_some_and(|c| c.trusted);
+    trusted
+        && req
+            .headers()
+            .get_all("surrogate-capability")
+            .iter()
+            .any(|v| v.as_bytes() == rules::SURROGATE_CAPABILITY.as_bytes())
 }
 
 /// Reads a storable 200 whole (its length is declared and within

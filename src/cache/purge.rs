@@ -23,6 +23,9 @@ pub enum Selector<'a> {
     Path(&'a str),
     /// Every stored answer that lists this tag.
     Tag(&'a str),
+    /// Everything stored (a tier that may have missed purges from above,
+    /// src/purges.rs).
+    All,
 }
 
 /// The tags a stored answer lists in `Surrogate-Key` (separated by any
@@ -77,10 +80,11 @@ pub fn purge(registry: &Registry, selector: Selector<'_>) -> usize {
             all
         }
         Selector::Tag(tag) => registry
-            .all()
+            .every_variant()
             .into_iter()
             .filter(|r| r.stored().is_some_and(|s| tags(&s.headers).contains(&tag)))
             .collect(),
+        Selector::All => registry.every_variant(),
     };
     for resource in &chosen {
         if resource.subscribers() > 0 {

@@ -105,6 +105,8 @@ impl Server {
         let builder = Arc::new(Builders::new(router.config()));
         let fast = Arc::new(FastPath::default());
 
+        // Purges made above this tier reach it (src/purges.rs).
+        let following = tokio::spawn(router.follow_purges());
         let admin_task = admin.map(|admin_listener| {
             let router = router.clone();
             tokio::spawn(admin::serve(admin_listener, router))
@@ -143,6 +145,7 @@ impl Server {
         drop(listener);
         info!("shutting down: ending subscription streams, draining in-flight requests");
         router.begin_shutdown();
+        following.abort();
         if let Some(task) = admin_task {
             task.abort();
         }

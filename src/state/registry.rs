@@ -235,6 +235,18 @@ impl Registry {
             .collect()
     }
 
+    /// Every tracked variant of every URL, the detached ones that
+    /// subscribers still hold included.
+    pub fn every_variant(&self) -> Vec<Arc<Resource>> {
+        let mut urls = lock(&self.urls);
+        let mut all = Vec::new();
+        for variants in urls.values_mut() {
+            all.extend(variants.by_key.values().cloned());
+            all.extend(variants.held_detached());
+        }
+        all
+    }
+
     /// Resources tracked as private (credentialed or detached).
     pub fn private_count(&self) -> usize {
         self.private.load(Relaxed)

@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 pub mod origin;
+pub mod tier;
 pub mod wire;
 
 /// Serves `answer` on a fresh loopback port until the test ends; returns the address.

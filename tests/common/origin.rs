@@ -1,6 +1,7 @@
 //! A plain origin for the integration tests: path → (body, etag), strong
-//! ETags `"e<n>"`, 304 on a matching `If-None-Match`, 404 otherwise; counts
-//! the requests it answers.
+//! ETags `"e<n>"`, 304 on a matching `If-None-Match`, 404 otherwise; a
+//! path may carry a `Surrogate-Key`; counts the requests it answers, in
+//! all and per path.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,8 +16,12 @@ use hyper::body::Incoming;
 #[derive(Clone, Default)]
 pub struct Origin {
     docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
+    /// `Surrogate-Key` by path, on its 200s.
+    tags: Arc<Mutex<HashMap<String, &'static str>>>,
     /// Requests answered so far.
     pub gets: Arc<AtomicUsize>,
+    /// Requests answered so far, by path.
+    asked: Arc<Mutex<HashMap<String, usize>>>,
     /// `Cache-Control` on every 200, if any.
     pub cache_control: Option<&'static str>,
 }
@@ -37,6 +42,26 @@ impl Origin {
         docs.insert(path.to_string(), (body.into(), n));
     }
 
+    /// As [`Origin::set`], the 200s answering `path` listing `tag` in
+    /// `Surrogate-Key`.
+    pub fn set_tagged(&self, path: &str, body: impl Into<Bytes>, tag: &'static str) {
+        self.tags
+            .lock()
+            .expect("lock")
+            .insert(path.to_string(), tag);
+        self.set(path, body);
+    }
+
+    /// Requests for `path` answered so far.
+    pub fn asked(&self, path: &str) -> usize {
+        self.asked
+            .lock()
+            .expect("lock")
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Serves on a fresh loopback port; returns the address.
     pub async fn start(&self) -> SocketAddr {
         let origin = self.clone();
@@ -46,6 +71,12 @@ impl Origin {
     /// The answer to one request (public for servers of other kinds, tests/tls.rs).
     pub fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         self.gets.fetch_add(1, Ordering::SeqCst);
+        *self
+            .asked
+            .lock()
+            .expect("lock")
+            .entry(req.uri().path().to_string())
+            .or_default() += 1;
         let doc = self
             .docs
             .lock()
@@ -76,6 +107,9 @@ impl Origin {
             .header("content-type", "text/plain");
         if let Some(cc) = self.cache_control {
             response = response.header("cache-control", cc);
+        }
+        if let Some(tag) = self.tags.lock().expect("lock").get(req.uri().path()) {
+            response = response.header("surrogate-key", *tag);
         }
         response.body(Full::new(body)).expect("response")
     }
