@@ -47,6 +47,9 @@ import sys
 import tempfile
 import time
 
+from harness import (CHILDREN, HarnessError, StreamEnded, die_with_parent,
+                     kill_children, now, reap)
+
 RESOURCES = {"/a.txt": "a", "/b.txt": "b"}  # path -> version prefix
 SETTLE = 10.0  # seconds after the last fault within which everyone is current
 RETRY_FIRST, RETRY_MAX = 0.2, 1.0
@@ -55,14 +58,6 @@ IO = 5.0  # connect, request head, write answer
 START = 15.0  # a proxy's banner, every subscriber's first update
 WORDS = ["braid", "proxy", "édition", "straße", "日本語", "🙂", "naïve", "Ωmega",
          "tier", "shield", "edge", "x", "versions", "𝔘nicode", "\t", "end"]
-
-
-class HarnessError(Exception):
-    pass
-
-
-def now():
-    return time.monotonic()
 
 
 class Log:
@@ -238,22 +233,6 @@ def free_port():
     raise HarnessError("no free port below the ephemeral range")
 
 
-try:
-    import ctypes
-    LIBC = ctypes.CDLL(None)
-except (ImportError, OSError):
-    LIBC = None
-
-
-def die_with_parent():
-    """In the child: SIGKILL when the harness dies, even by SIGKILL."""
-    if LIBC is not None:
-        try:
-            LIBC.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except AttributeError:
-            pass
-
-
 class Tier:
     """One braid-proxy process; restarts reuse its port."""
 
@@ -309,33 +288,7 @@ class Tier:
         return True
 
 
-CHILDREN = []
-
-
-def reap(proc):
-    if proc is None:
-        return
-    if proc.poll() is None:
-        try:
-            proc.kill()
-        except OSError:
-            pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def kill_children():
-    for p in CHILDREN:
-        reap(p)
-
-
 # ---------------------------------------------------------------- subscribers
-
-class StreamEnded(Exception):
-    pass
-
 
 class ProtocolError(Exception):
     pass

@@ -59,20 +59,15 @@ import sys
 import tempfile
 import time
 
+from harness import (CHILDREN, HarnessError, StreamEnded, die_with_parent,
+                     kill_children, now, reap)
+
 PATH = "/doc.txt"
 IO = 5.0  # connect, request head, an answer
 START = 20.0  # a process's banner, haproxy's servers UP, every subscriber's first update
 STEP = 15.0  # every subscriber at the version before the kill
 IDLE = 60.0  # a subscription silent this long is given up
 RETRIES = (1.0, 2.0, 3.0)  # braid-http's waits between attempts
-
-
-class HarnessError(Exception):
-    pass
-
-
-def now():
-    return time.monotonic()
 
 
 # ---------------------------------------------------------------- the origin
@@ -172,25 +167,6 @@ def http_response(status, reason, body, headers, length=None):
 
 # ---------------------------------------------------------------- processes
 
-try:
-    import ctypes
-    LIBC = ctypes.CDLL(None)
-except (ImportError, OSError):
-    LIBC = None
-
-
-def die_with_parent():
-    """In the child: SIGKILL when this script dies, even by SIGKILL."""
-    if LIBC is not None:
-        try:
-            LIBC.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except AttributeError:
-            pass
-
-
-CHILDREN = []
-
-
 def spawn(name, args, logdir):
     out = open(os.path.join(logdir, f"{name}.out"), "wb")
     err = open(os.path.join(logdir, f"{name}.err"), "wb")
@@ -204,23 +180,6 @@ def spawn(name, args, logdir):
         err.close()
     CHILDREN.append(proc)
     return proc
-
-
-def reap(proc):
-    if proc.poll() is None:
-        try:
-            proc.kill()
-        except OSError:
-            pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def kill_children():
-    while CHILDREN:
-        reap(CHILDREN.pop())
 
 
 def tail(logdir, name, n=400):
@@ -411,10 +370,6 @@ class Haproxy:
 
 
 # ---------------------------------------------------------------- subscribers
-
-class StreamEnded(Exception):
-    pass
-
 
 class Body:
     """A 209's chunked body, read by lines and lengths."""
