@@ -168,7 +168,7 @@ pub struct CopyBudget {
 
 /// Bytes reserved from a [`CopyBudget`], given back when dropped.
 #[derive(Debug)]
-pub struct Reservation {
+pub struct CopyReservation {
     budget: Arc<CopyBudget>,
     bytes: usize,
 }
@@ -182,7 +182,7 @@ impl CopyBudget {
     }
 
     /// Reserves `bytes`, or `None` when the budget has no room for them.
-    pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+    pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<CopyReservation> {
         use std::sync::atomic::Ordering::Relaxed;
         let mut used = self.used.load(Relaxed);
         loop {
@@ -192,7 +192,7 @@ impl CopyBudget {
                 .compare_exchange_weak(used, next, Relaxed, Relaxed)
             {
                 Ok(_) => {
-                    return Some(Reservation {
+                    return Some(CopyReservation {
                         budget: self.clone(),
                         bytes,
                     })
@@ -208,7 +208,7 @@ impl CopyBudget {
     }
 }
 
-impl Drop for Reservation {
+impl Drop for CopyReservation {
     fn drop(&mut self) {
         self.budget
             .used

@@ -9,14 +9,15 @@ pub mod key;
 pub mod polled;
 pub mod registry;
 pub mod resource;
+pub mod said;
 pub mod stored;
 pub mod version;
 
 pub use key::{path_of, Key};
 pub use registry::{Registry, RegistryLimits};
 pub use resource::{
-    unheard_limit, Change, Head, History, Kind, Recording, Resource, State, Ticket, Tuning,
-    Validation, DENIAL_HEADERS,
+    unheard_limit, Change, Head, History, Kind, Recording, Resource, Ticket, Tuning, Validation,
 };
+pub use said::{State, DENIAL_HEADERS};
 pub use stored::{header_bytes, AnswerRules, Memo, Prepared, Stored};
 pub use version::{announced_version, derived_version, repr_digest, strong_etag};

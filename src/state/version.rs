@@ -6,7 +6,7 @@ use base64::Engine;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use super::resource::State;
+use super::said::State;
 use crate::braid::{self, VersionId, VersionList};
 
 /// Whether two states are one representation under one strong ETag.
