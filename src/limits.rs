@@ -307,7 +307,7 @@ impl AcceptErrors {
     /// the last second) and returns how long to wait before the next.
     pub fn failed(&mut self, error: &io::Error) -> Duration {
         let now = Instant::now();
-        if self.logged.map_or(true, |at| now - at >= Self::LOG_EVERY) {
+        if self.logged.is_none_or(|at| now - at >= Self::LOG_EVERY) {
             let out_of_files = is_out_of_files(error);
             tracing::warn!(
                 listener = self.listener,

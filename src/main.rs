@@ -117,7 +117,7 @@ fn init_logs(format: LogFormat) {
             // (supervisors, log shippers), nor with NO_COLOR set.
             .with_ansi(
                 std::io::IsTerminal::is_terminal(&std::io::stderr())
-                    && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty()),
+                    && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
             )
             .init(),
         LogFormat::Json => {

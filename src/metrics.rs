@@ -10,7 +10,7 @@ pub struct Metrics {
     pub upstream_requests_total: AtomicU64,
     pub upstream_errors_total: AtomicU64,
     pub subscriptions: AtomicI64,
-    /// Subscriptions parked for direct delivery (src/serve/direct.rs).
+    /// Subscriptions parked for direct delivery (src/deliver/direct.rs).
     pub subscriptions_parked: AtomicI64,
     pub subscriptions_total: AtomicU64,
     pub subscriptions_rejected_total: AtomicU64,
@@ -54,7 +54,7 @@ pub struct Metrics {
     /// Time from sending an upstream request to its response headers.
     pub upstream_response_seconds: Histogram,
     /// Time one sweep of direct delivery takes to write an update to every
-    /// parked subscriber of a resource (src/serve/direct.rs).
+    /// parked subscriber of a resource (src/deliver/direct.rs).
     pub sweep_seconds: Histogram,
 }
 

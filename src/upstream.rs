@@ -144,7 +144,7 @@ impl UpstreamHealth {
     pub fn ok(&self) {
         let mut state = self.lock();
         if let (Some((failed, _)), ok) = (&state.last_failure, state.last_ok) {
-            if ok.map_or(true, |ok| *failed > ok) {
+            if ok.is_none_or(|ok| *failed > ok) {
                 tracing::info!(target: "upstream", "upstream answers again");
             }
         }
@@ -157,7 +157,7 @@ impl UpstreamHealth {
         let mut state = self.lock();
         let was_down = match (&state.last_failure, state.last_ok) {
             (Some((failed, previous)), ok) => {
-                ok.map_or(true, |ok| *failed > ok) && *previous == reason
+                ok.is_none_or(|ok| *failed > ok) && *previous == reason
             }
             (None, _) => false,
         };
@@ -176,7 +176,7 @@ impl UpstreamHealth {
     pub fn down(&self) -> Option<String> {
         let state = self.lock();
         match (&state.last_failure, state.last_ok) {
-            (Some((failed, reason)), ok) if ok.map_or(true, |ok| *failed > ok) => {
+            (Some((failed, reason)), ok) if ok.is_none_or(|ok| *failed > ok) => {
                 Some(reason.clone())
             }
             _ => None,
@@ -537,9 +537,8 @@ fn is_host_and_port(s: &str) -> bool {
         Some((host, port)) if !host.starts_with('[') || host.ends_with(']') => (host, Some(port)),
         _ => (s, None),
     };
-    let port_ok = port.map_or(true, |p| {
-        p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
-    });
+    let port_ok =
+        port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok());
     let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
         None => {

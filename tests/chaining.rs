@@ -760,7 +760,7 @@ impl RawSubscriber {
 /// 50,000 bytes in 500 lines, every line different from version to version.
 fn big(n: usize) -> String {
     let letter = char::from(b'a' + (n % 26) as u8);
-    let line: String = std::iter::repeat(letter).take(99).collect();
+    let line: String = std::iter::repeat_n(letter, 99).collect();
     (0..500).map(|_| format!("{line}\n")).collect()
 }
 

@@ -73,7 +73,7 @@ fn code_only(text: &str) -> String {
                 continue;
             }
             let end: Vec<u8> = std::iter::once(b'"')
-                .chain(std::iter::repeat(b'#').take(hashes))
+                .chain(std::iter::repeat_n(b'#', hashes))
                 .collect();
             j += 1;
             while j < b.len() && !b[j..].starts_with(&end) {

@@ -48,7 +48,7 @@ impl Origin {
                     let matches = req
                         .headers()
                         .get("if-match")
-                        .map_or(true, |v| v.as_bytes() == etag.as_bytes());
+                        .is_none_or(|v| v.as_bytes() == etag.as_bytes());
                     if !matches {
                         return status(StatusCode::PRECONDITION_FAILED);
                     }

@@ -422,7 +422,7 @@ async fn fetch(
         !s.invalid
             && s.version
                 .as_ref()
-                .map_or(true, |v| head.is_some_and(|h| *v == h.version))
+                .is_none_or(|v| head.is_some_and(|h| *v == h.version))
             && rules::stale_if_error(
                 s.status,
                 &s.headers,

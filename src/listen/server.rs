@@ -362,7 +362,7 @@ fn serve_connection(
                     return;
                 };
                 // Shared while the response lasts: direct delivery writes
-                // to a parked subscription's socket (src/serve/direct.rs).
+                // to a parked subscription's socket (src/deliver/direct.rs).
                 let shared = Arc::new(stream);
                 let after = fastpath::write_response(&shared, response).await;
                 if spoke || after == fastpath::After::Close || *closing.borrow() {
@@ -421,7 +421,7 @@ async fn serve_hyper<S>(
 {
     let result = if h2 {
         // The frames of all the streams one update wakes go out in one
-        // write (src/net/coalesce.rs).
+        // write (src/listen/coalesce.rs).
         let io = TokioIo::new(Coalesce::new(stream));
         // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
         // and inline it would size every connection's task.

@@ -629,7 +629,7 @@ impl Resource {
             && self
                 .validation()
                 .answered_at
-                .map_or(true, |at| at.elapsed() > limit)
+                .is_none_or(|at| at.elapsed() > limit)
     }
 
     /// The history position of a version, if it is the head or still in the window.

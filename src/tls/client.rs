@@ -40,7 +40,7 @@ use crate::tls::{provider, read_certs, read_key, read_roots};
 #[derive(Clone)]
 pub struct UpstreamTls {
     /// Offers `http/1.1` only (pass-through requests stay on HTTP/1.1,
-    /// src/net/proxy.rs says why).
+    /// src/upstream.rs says why).
     http1: TlsConnector,
     /// Offers `h2` and `http/1.1`: subscriptions and polls share one h2
     /// connection when the upstream chooses it.

@@ -16,8 +16,8 @@
 //! - h2 write coalescing wraps the TLS stream as it wraps a TCP one: the
 //!   frames one update wakes are encrypted and written together.
 //! - Heartbeats are the subscription body's, on every kind of connection.
-//! - The HTTP/1.1 subscription fast path (`src/net/fastpath.rs`) and direct
-//!   delivery (`src/serve/direct.rs`) are *not* taken over TLS: both read
+//! - The HTTP/1.1 subscription fast path (`src/listen/fastpath.rs`) and direct
+//!   delivery (`src/deliver/direct.rs`) are *not* taken over TLS: both read
 //!   and write the TCP socket itself (a peek at the request head, one
 //!   `sendmsg` per parked subscriber from the sweep), and over TLS every
 //!   byte goes through the connection's rustls session. HTTP/1.1

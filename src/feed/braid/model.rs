@@ -249,7 +249,7 @@ impl Session {
             .map(|k| (braid::Body::Snapshot(k.body.clone()), k));
         let composed = composed.filter(|patches| {
             patches_do
-                && snapshot.as_ref().map_or(true, |(_, known)| {
+                && snapshot.as_ref().is_none_or(|(_, known)| {
                     braid::patches_wire_len(patches) <= known.body.len() + 128
                 })
         });
