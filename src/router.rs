@@ -402,7 +402,7 @@ impl Router {
         info!(
             target: "access",
             peer = %Peer(conn.peer),
-            cache,
+            cache = %cache,
             "{method} {target} {version:?} {} {}ms",
             response.status().as_u16(),
             Tenths(started.elapsed())
