@@ -46,6 +46,10 @@ pub struct UpstreamClient {
     /// method whose body an origin may leave unread (see [`needs_own_connection`]).
     once: Client<Connector, Body>,
     watch: Client<Connector, Body>,
+    /// How readiness probes reach the upstream: a connection as the pools
+    /// make them (TCP, and for an https upstream the TLS handshake, so a
+    /// certificate that stops verifying turns `/readyz` red), then closed.
+    prober: Connector,
     upstream: Arc<Upstream>,
     response_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -218,6 +222,7 @@ impl UpstreamClient {
                 .build(connector)
         };
         Ok(UpstreamClient {
+            prober: Connector::new(tcp.clone(), tls.as_ref(), false),
             pass: pool(false, 64, false),
             once: pool(false, 0, false),
             watch: pool(h2c, 64, true),
@@ -235,16 +240,23 @@ impl UpstreamClient {
         &self.upstream
     }
 
-    /// Checks that the upstream accepts connections (a TCP connect within
-    /// `timeout`), recording the outcome in [`UpstreamClient::health`].
+    /// Checks that the upstream accepts connections within `timeout` (a
+    /// TCP connect, and for an https upstream the TLS handshake, its
+    /// certificate verified), recording the outcome in
+    /// [`UpstreamClient::health`].
     pub async fn probe(&self, timeout: Duration) {
-        let authority = self.upstream.authority.as_str().to_string();
-        let target = if self.upstream.authority.port().is_some() {
-            authority
-        } else {
-            format!("{authority}:{}", self.upstream.port())
+        use tower::Service as _;
+        let target = self.upstream.authority.as_str();
+        let uri = match self.uri_for("/") {
+            Ok(uri) => uri,
+            Err(e) => {
+                return self
+                    .health
+                    .failed(format!("no address for {target}: {e:?}"))
+            }
         };
-        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&target)).await {
+        let mut prober = self.prober.clone();
+        match tokio::time::timeout(timeout, prober.call(uri)).await {
             Ok(Ok(_)) => self.health.ok(),
             Ok(Err(e)) => self
                 .health

@@ -470,6 +470,42 @@ async fn an_origin_whose_certificate_does_not_verify_is_a_502_with_the_reason() 
     assert!(body.contains("certificate"), "{body}");
 }
 
+/// `/readyz` of a proxy whose https upstream presents a certificate that
+/// does not verify turns red by itself, with no client request: its probe
+/// is a TLS handshake, not a bare TCP connect (which such an upstream
+/// accepts). With a certificate that verifies, it stays green.
+#[tokio::test]
+async fn readiness_follows_the_upstream_s_certificate_not_only_its_port() {
+    let dir = scratch("readiness");
+    let trusted = Ca::new("trusted CA");
+    let stranger = Ca::new("stranger CA");
+    let (bad_addr, _) = https_origin(Origin::default(), &stranger.server()).await;
+    let (good_addr, _) = https_origin(Origin::default(), &trusted.server()).await;
+    let bad = https_proxy("localhost", bad_addr, &trusted, &dir).await;
+    let good = https_proxy("localhost", good_addr, &trusted, &dir).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let reason = loop {
+        let answer = common::get(bad.admin, "/readyz", &[]).await;
+        let status = answer.status().as_u16();
+        let body = String::from_utf8_lossy(&common::body_of(answer).await).into_owned();
+        if status == 503 {
+            break body;
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz stayed green with an upstream certificate that does not verify"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(reason.contains("certificate"), "{reason}");
+    for _ in 0..5 {
+        let answer = common::get(good.admin, "/readyz", &[]).await;
+        assert_eq!(answer.status(), 200);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_tier_over_tls_serves_only_edges_with_a_client_certificate() {
     let dir = scratch("tier");
