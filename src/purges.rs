@@ -485,6 +485,9 @@ impl Purges {
                 if *s.closing.borrow() {
                     return None;
                 }
+                // Marked seen before looking, so that a publish between the
+                // look and the wait still wakes this subscriber.
+                s.heads.borrow_and_update();
                 match s.purges.after(s.at) {
                     Ok(Some((bytes, end))) => {
                         s.at = end;
@@ -493,7 +496,6 @@ impl Purges {
                     Ok(None) => {}
                     Err(()) => return None,
                 }
-                s.heads.borrow_and_update();
                 tokio::select! {
                     changed = s.heads.changed() => {
                         if changed.is_err() {
@@ -599,12 +601,7 @@ impl Purges {
 
     /// Asks the upstream for its feed, from `last` when there is one.
     async fn open(&self, last: Option<&At>) -> Opened {
-        let uri = http::Uri::builder()
-            .scheme("http")
-            .authority(self.client.upstream().authority.clone())
-            .path_and_query(FEED_PATH)
-            .build();
-        let Ok(uri) = uri else {
+        let Ok(uri) = feed_uri(self.client.upstream()) else {
             return Opened::NotAFeed("no URL for it".into());
         };
         let mut req = Request::new(body::empty());
@@ -763,6 +760,16 @@ impl Purges {
     }
 }
 
+/// Where the upstream serves its feed: at its root, not under its prefix;
+/// by its scheme, so that an https upstream without a port is asked on 443.
+fn feed_uri(upstream: &crate::config::Upstream) -> Result<http::Uri, http::Error> {
+    http::Uri::builder()
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
+        .path_and_query(FEED_PATH)
+        .build()
+}
+
 /// How asking for the upstream's feed went.
 enum Opened {
     /// The feed's stream and the version it is at.
@@ -835,6 +842,23 @@ mod tests {
             assert!(At::parse(bad).is_none(), "{bad}");
         }
         assert_ne!(boot_id(), boot_id());
+    }
+
+    #[test]
+    fn the_feed_is_asked_at_the_upstreams_root_by_its_scheme() {
+        for (upstream, feed) in [
+            (
+                "http://shield:8080/api",
+                "http://shield:8080/.well-known/braid-proxy/purges",
+            ),
+            (
+                "https://shield/api",
+                "https://shield/.well-known/braid-proxy/purges",
+            ),
+        ] {
+            let upstream = crate::config::Upstream::parse(upstream).expect("upstream");
+            assert_eq!(feed_uri(&upstream).expect("uri").to_string(), feed);
+        }
     }
 
     #[test]
