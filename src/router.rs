@@ -390,7 +390,7 @@ impl Router {
         if to_a_tier {
             // A tier below learns here that this proxy serves a purge feed.
             response.headers_mut().insert(
-                upstream::PURGE_FEED_HEADER,
+                crate::floor::headers::PURGE_FEED,
                 HeaderValue::from_static(purges::FEED_PATH),
             );
         }

@@ -57,14 +57,10 @@ pub struct UpstreamClient {
     pub health: Arc<UpstreamHealth>,
     /// Where the upstream declares range writes on every answer.
     pub declares: Arc<RangeWrites>,
-    /// Turns true once an answer carried [`PURGE_FEED_HEADER`]: the
+    /// Turns true once an answer carried [`crate::floor::headers::PURGE_FEED`]: the
     /// upstream is a braid-proxy serving a purge feed (spec/tiers.md).
     pub announces_purge_feed: Arc<tokio::sync::watch::Sender<bool>>,
 }
-
-/// The header a braid-proxy puts on its answers to a downstream tier,
-/// naming where its purge feed is (spec/tiers.md).
-pub const PURGE_FEED_HEADER: &str = "purge-feed";
 
 /// What the upstream's answers declared about range writes, by directory
 /// (the path up to its last `/`): whether some carried
@@ -334,7 +330,10 @@ impl UpstreamClient {
             Ok(response) => {
                 self.declares
                     .observe(&path, response.status(), response.headers());
-                if response.headers().contains_key(PURGE_FEED_HEADER) {
+                if response
+                    .headers()
+                    .contains_key(crate::floor::headers::PURGE_FEED)
+                {
                     self.announces_purge_feed
                         .send_if_modified(|seen| !std::mem::replace(seen, true));
                 }

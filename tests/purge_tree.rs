@@ -194,6 +194,14 @@ async fn a_tag_purge_at_the_top_reaches_depth_two_and_three() {
     for tier in tiers {
         assert_eq!(tier.get("/sport").await, ("old sport".to_string(), true));
     }
+    // A tier's Purge-Feed is about the hop it came over: a client of the
+    // bottom tier gets the origin's answer without the middle tier's.
+    let answer = common::get(bottom.addr, "/sport", &[]).await;
+    assert!(
+        !answer.headers().contains_key("purge-feed"),
+        "{:?}",
+        answer.headers()
+    );
     bottom
         .wait_metric("purge_feed_received_total", |v| v >= 1.0, "got the purge")
         .await;

@@ -20,8 +20,14 @@ pub fn owned_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// The header a braid-proxy names its purge feed with on answers to a tier
+/// below (spec/tiers.md). It is about the hop it came over, so it is
+/// removed with the hop-by-hop headers: each tier names its own feed.
+pub const PURGE_FEED: &str = "purge-feed";
+
 /// Removes the hop-by-hop headers: `Connection` and every header it names,
-/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`.
+/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`,
+/// and the tiers' own [`PURGE_FEED`].
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -40,6 +46,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         header::TRAILER,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
+        HeaderName::from_static(PURGE_FEED),
     ] {
         headers.remove(name);
     }
