@@ -862,3 +862,190 @@ fn run_node(conformance: &Path, file: &str, env: &[(&str, &std::ffi::OsStr)]) {
     let status = npm::wait_or_kill(&mut child, Duration::from_secs(120), file);
     assert!(status.success(), "{file} failed: {status}");
 }
+
+/// The versions named in a stream's bytes, in order.
+fn versions_in(seen: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(seen)
+        .lines()
+        .filter_map(|l| l.strip_prefix("Version: ").or(l.strip_prefix("version: ")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A subscription over TLS and HTTP/1.1 that hyper serves (a `Connection`
+/// option keeps a request off the fast path), for reference.
+async fn subscribe_through_hyper(tls: Tls, path: &str) -> Stream {
+    let headers = [
+        ("subscribe", "true"),
+        ("connection", "keep-alive, x-hop"),
+        ("x-hop", "1"),
+    ];
+    let response = send(tls, path, &headers).await.expect("response");
+    assert_eq!(response.status().as_u16(), 209, "{response:?}");
+    Stream {
+        body: response.into_body(),
+        seen: Vec::new(),
+    }
+}
+
+/// HTTP/1.1 subscriptions over TLS take the fast path and, caught up,
+/// park: each change is then encrypted and written to every one of them
+/// by the sweep, and they get the same bytes as a subscription hyper
+/// serves over TLS. Changes larger than a session's send bound (16 KiB)
+/// are begun by the sweep and finished by each subscriber's own task.
+#[tokio::test]
+async fn http1_subscriptions_over_tls_park_and_are_swept() {
+    let ca = Ca::new("sweep CA");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("sweep"), "v1").await;
+    let roots = [ca.der()];
+    let h1 = client_config(&roots, &[b"http/1.1"], None);
+    let mut parked = Vec::new();
+    for _ in 0..8 {
+        let conn = connect(proxy.addr, h1.clone()).await.expect("TLS");
+        let mut stream = subscribe(conn, "/doc", Version::HTTP_11).await;
+        stream.until("v1").await;
+        parked.push(stream);
+    }
+    let conn = connect(proxy.addr, h1.clone()).await.expect("TLS");
+    let mut reference = subscribe_through_hyper(conn, "/doc").await;
+    reference.until("v1").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while common::wire::metric(proxy.admin, "subscriptions_parked").await != 8.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the TLS subscribers did not park"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let swept_before = common::wire::metric(proxy.admin, "sweep_seconds_count").await;
+    for n in 2..=7u32 {
+        // Small changes, then ones far beyond the session's send bound.
+        let body = if n < 5 {
+            format!("v{n}")
+        } else {
+            format!("v{n}:{}", format!("{n:x}").repeat(60_000 + n as usize))
+        };
+        origin.set("/doc", body);
+        proxy.refresh("/doc").await;
+        let version = format!("\"e{n}\"");
+        for stream in parked.iter_mut().chain([&mut reference]) {
+            stream.until(&version).await;
+        }
+    }
+    let want: Vec<String> = (1..=7).map(|n| format!("\"e{n}\"")).collect();
+    assert_eq!(versions_in(&reference.seen), want);
+    for stream in &parked {
+        assert_eq!(
+            stream.seen, reference.seen,
+            "the sweep's bytes are what hyper's path sends"
+        );
+    }
+    let swept = common::wire::metric(proxy.admin, "sweep_seconds_count").await - swept_before;
+    assert!(swept >= 6.0, "{swept} sweeps for 6 changes");
+}
+
+/// A stalled reader over TLS (its socket full, encrypted bytes left in its
+/// session) catches up to the current version when it reads again, with
+/// every version it sees newer than the one before; readers that keep up
+/// are not held back by it.
+#[tokio::test]
+async fn a_stalled_tls_subscriber_catches_up_and_never_goes_back() {
+    let ca = Ca::new("stall CA");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("stall"), "v1").await;
+    let roots = [ca.der()];
+    let h1 = client_config(&roots, &[b"http/1.1"], None);
+    let conn = connect(proxy.addr, h1.clone()).await.expect("TLS");
+    let mut stalled = subscribe(conn, "/doc", Version::HTTP_11).await;
+    stalled.until("v1").await;
+    let conn = connect(proxy.addr, h1.clone()).await.expect("TLS");
+    let mut reader = subscribe(conn, "/doc", Version::HTTP_11).await;
+    reader.until("v1").await;
+    // Each version 1.5 MB of fresh bytes: a few of them fill the stalled
+    // reader's socket on loopback.
+    let last = 12u32;
+    for n in 2..=last {
+        let block: String = (0..1_500_000u32)
+            .map(|i| char::from(b'a' + ((i.wrapping_mul(2_654_435_761) ^ n) % 26) as u8))
+            .collect();
+        origin.set("/doc", format!("v{n}:{block}"));
+        proxy.refresh("/doc").await;
+        reader.until(&format!("\"e{n}\"")).await;
+        // Keep only the tail: the versions are what is checked.
+        let keep = reader.seen.len().saturating_sub(4096);
+        reader.seen.drain(..keep);
+    }
+    stalled.until(&format!("\"e{last}\"")).await;
+    let seen: Vec<u32> = versions_in(&stalled.seen)
+        .iter()
+        .map(|v| {
+            v.trim_matches(|c| c == '"' || c == 'e')
+                .parse()
+                .expect("eN")
+        })
+        .collect();
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "versions went back or repeated: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&last));
+}
+
+/// On an HTTP/1.1 TLS connection, a first request the fast path does not
+/// take reaches hyper whole (its bytes were read to look at it), and a
+/// connection whose fast-path response ended goes on to hyper for its
+/// next request.
+#[tokio::test]
+async fn a_tls_connection_serves_requests_before_and_after_the_fast_path() {
+    let ca = Ca::new("replay CA");
+    let (_origin, proxy, _, _) = tls_proxy(&ca, &scratch("replay"), "plain").await;
+    let roots = [ca.der()];
+    let h1 = client_config(&roots, &[b"http/1.1"], None);
+
+    type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+    let open = || async {
+        let conn = connect(proxy.addr, h1.clone()).await.expect("TLS");
+        let (sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(conn))
+            .await
+            .expect("HTTP/1.1");
+        tokio::spawn(driver);
+        sender
+    };
+    let get = |path: &str, subscribe: Option<&str>| {
+        let mut req = Request::builder().uri(path).header("host", "localhost");
+        if let Some(value) = subscribe {
+            req = req.header("subscribe", value);
+        }
+        req.body(Empty::<Bytes>::new()).expect("request")
+    };
+    let get_doc = |sender: &mut Sender| {
+        let sent = sender.send_request(get("/doc", None));
+        async move {
+            let response = sent.await.expect("GET");
+            assert_eq!(response.status(), 200);
+            let body = response.into_body().collect().await.expect("body");
+            assert_eq!(body.to_bytes(), "plain");
+        }
+    };
+
+    // A GET, then a subscription, on one connection.
+    let mut sender = open().await;
+    get_doc(&mut sender).await;
+    let response = sender
+        .send_request(get("/doc", Some("true")))
+        .await
+        .expect("subscription");
+    assert_eq!(response.status().as_u16(), 209);
+    drop(response);
+
+    // A subscription request the fast path answers with a refusal (a
+    // bad `Subscribe` value), then a GET.
+    let mut sender = open().await;
+    let response = sender
+        .send_request(get("/doc", Some("maybe")))
+        .await
+        .expect("subscription");
+    assert_eq!(response.status(), 400);
+    response.into_body().collect().await.expect("body");
+    sender.ready().await.expect("the connection stays open");
+    get_doc(&mut sender).await;
+}

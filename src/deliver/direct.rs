@@ -20,6 +20,11 @@
 //! holds one shared chunk, and a parked subscriber is a position and a
 //! socket.
 //!
+//! Over TLS ([`Socket::Tls`]) the sweep hands each parked subscriber's
+//! session the same shared chunk, which the session encrypts with its own
+//! keys and writes as far as the socket takes it; encrypted bytes the
+//! socket did not take hand the subscriber back, as a partial write does.
+//!
 //! A parked task still wakes for its client closing, the shared heartbeat
 //! tick, and shutdown: it takes itself back (a compare-and-swap on its
 //! state, so it and the sweep never write to the socket at once) and goes
@@ -32,9 +37,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 
+use crate::deliver::socket::{Sent, Socket};
 use crate::deliver::window::{self, Frozen, Window, NONE};
 use crate::floor::chunk::chunk;
 use crate::floor::sync::lock;
@@ -196,7 +201,7 @@ pub struct Handle {
 struct ParkedSocket {
     /// The ticket's id, so that a ticket removes its own entry only.
     id: u64,
-    stream: Arc<TcpStream>,
+    stream: Arc<Socket>,
     link: Arc<Link>,
 }
 
@@ -302,7 +307,8 @@ impl Parked {
 /// How a parked subscriber came back to its task.
 pub enum Back {
     /// Continue on the ordinary path, after writing `rest` (a chunk the
-    /// sweep began) if there is one.
+    /// sweep began) if there is one, and over TLS what the sweep left
+    /// encrypted in the session.
     Resume { rest: Option<Bytes> },
     /// The socket is broken: close.
     Broken,
@@ -318,7 +324,7 @@ pub struct Parking {
 impl Handle {
     /// Parks this subscription if it is caught up with its window's head;
     /// `None` when it is not (the task goes on polling its body).
-    pub fn park(&self, stream: &Arc<TcpStream>) -> Option<Parking> {
+    pub fn park(&self, stream: &Arc<Socket>) -> Option<Parking> {
         let parked = &self.parked;
         if parked.closed.load(Acquire) {
             return None;
@@ -595,31 +601,34 @@ fn deliver(entry: &ParkedSocket, pass: &Pass, tally: &mut Tally) {
             snapshot,
         } => (chunk, updates, snapshot),
     };
-    // Straight to the socket: a would-block here leaves tokio's readiness as
-    // it was, and the task, handed back, finds out for itself.
-    let sent = socket2::SockRef::from(&*entry.stream).send(&framed);
-    if matches!(sent, Ok(n) if n > 0) {
+    let sent = entry.stream.send_now(&framed);
+    if matches!(sent, Ok(Sent { taken, .. }) if taken > 0) {
         tally.updates += updates;
         tally.snapshots += u64::from(snapshot);
     }
     match sent {
-        Ok(n) if n == framed.len() => {
-            tally.bytes += n as u64;
+        Ok(Sent {
+            taken,
+            pending: false,
+        }) if taken == framed.len() => {
+            tally.bytes += taken as u64;
             link.direct_updates.fetch_add(updates, Relaxed);
-            link.direct_bytes.fetch_add(n as u64, Relaxed);
+            link.direct_bytes.fetch_add(taken as u64, Relaxed);
             link.at.store(head, Release);
             link.state.store(PARKED, Release);
         }
-        Ok(n) => {
-            // Begun: the rest is the task's to write, and the client is at
-            // this head once it has.
-            tally.bytes += n as u64;
+        Ok(Sent { taken, .. }) if taken > 0 => {
+            // Begun: the rest (of the chunk, or over TLS of its encrypted
+            // bytes) is the task's to write, and the client is at this
+            // head once it has.
+            tally.bytes += taken as u64;
             link.direct_updates.fetch_add(updates, Relaxed);
             link.direct_bytes.fetch_add(framed.len() as u64, Relaxed);
             link.at.store(head, Release);
-            *lock(&link.rest) = Some(framed.slice(n..));
+            *lock(&link.rest) = (taken < framed.len()).then(|| framed.slice(taken..));
             hand_back(link);
         }
+        Ok(_) => hand_back(link),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => hand_back(link),
         Err(_) => {
             link.broken.store(true, Release);
@@ -638,6 +647,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::io::AsyncReadExt;
+    use tokio::net::TcpStream;
 
     /// A window whose head moves when the test (or its first pass) says, and
     /// whose chunks name the step they take a subscriber through.
@@ -781,7 +791,11 @@ mod tests {
                 closing: closing.clone(),
             };
             handle.link.at.store(0, Release);
-            tickets.push(handle.park(&Arc::new(server)).expect("caught up: parks"));
+            tickets.push(
+                handle
+                    .park(&Arc::new(Socket::Plain(server)))
+                    .expect("caught up: parks"),
+            );
             clients.push(client);
         }
         source.head.store(1, Release);

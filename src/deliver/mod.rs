@@ -7,4 +7,5 @@
 
 pub mod cursor;
 pub mod direct;
+pub mod socket;
 pub mod window;

@@ -31,8 +31,10 @@ use http_body_util::BodyExt;
 use tokio::net::TcpStream;
 
 use crate::deliver::direct;
+use crate::deliver::socket::{Socket, Spoke};
 use crate::floor::body::{self, Body, RequestBody};
 use crate::floor::chunk::ChunkSize;
+use crate::tls::socket::TlsSocket;
 
 /// Longest request head looked at; a longer one goes to hyper.
 const PEEK_BYTES: usize = 4096;
@@ -53,6 +55,27 @@ pub async fn peek(stream: &TcpStream, max_head: usize, max_headers: usize) -> Op
     let mut buf = vec![0u8; PEEK_BYTES.min(max_head)];
     let n = stream.peek(&mut buf).await.ok()?;
     parse(&buf[..n]).filter(|p| p.request.headers().len() <= max_headers)
+}
+
+/// The first bytes a client sent over TLS, decrypted: what came once any
+/// did, up to [`PEEK_BYTES`] and `--max-header-bytes`; empty when it
+/// closed first. Over TLS nothing can be peeked at, so they are read, and
+/// replayed to hyper when the fast path does not take them.
+pub async fn first_bytes_tls(tls: &TlsSocket, max_head: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; PEEK_BYTES.min(max_head)];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match tls.try_read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            // Whatever came with the first bytes is all there is to parse.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && filled > 0 => break,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => tls.tcp().readable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
 }
 
 /// Parses `bytes` as a request head that this module serves: `GET` in
@@ -112,11 +135,11 @@ pub enum After {
 /// waits on it. The flag is true when the client sent more bytes meanwhile
 /// (they were read and dropped, so the connection closes after the answer).
 pub async fn answer_unless_gone(
-    stream: &TcpStream,
+    stream: &Socket,
     answer: impl std::future::Future<Output = Response<Body>>,
 ) -> Option<(Response<Body>, bool)> {
     tokio::pin!(answer);
-    let gone = closed_or_spoke(stream);
+    let gone = stream.closed_or_spoke();
     tokio::pin!(gone);
     let mut spoke = false;
     loop {
@@ -136,7 +159,7 @@ pub async fn answer_unless_gone(
 /// when the body ends, the client goes away, or the body fails (then the
 /// connection is closed without the last chunk, so the client sees the
 /// stream cut, not ended).
-pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -> After {
+pub async fn write_response(stream: &Arc<Socket>, response: Response<Body>) -> After {
     let (parts, mut body) = response.into_parts();
     let bodiless = parts.status.is_informational()
         || parts.status == StatusCode::NO_CONTENT
@@ -160,7 +183,7 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
         .cloned();
     // Only the body (and the parking handle) is kept for the life of the response.
     drop(parts);
-    if write_all(stream, &mut &head[..]).await.is_err() {
+    if stream.write_all(&mut &head[..]).await.is_err() {
         return After::Close;
     }
     drop(head);
@@ -174,7 +197,7 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
     // The client closing (or sending more, which a live response leaves
     // unread) is noticed without a read buffer; one future for the
     // response's life, so a delivery costs no new readiness registration.
-    let gone = closed_or_spoke(stream);
+    let gone = stream.closed_or_spoke();
     tokio::pin!(gone);
     let mut peer_open = true;
     loop {
@@ -197,9 +220,9 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
         let written = if chunked {
             let size = ChunkSize::new(data.remaining());
             let mut buf = size.as_bytes().chain(&mut data).chain(&b"\r\n"[..]);
-            write_all(stream, &mut buf).await
+            stream.write_all(&mut buf).await
         } else {
-            write_all(stream, &mut data).await
+            stream.write_all(&mut data).await
         };
         if written.is_err() {
             return After::Close;
@@ -214,7 +237,7 @@ pub async fn write_response(stream: &Arc<TcpStream>, response: Response<Body>) -
             }
         }
     }
-    if chunked && write_all(stream, &mut &b"0\r\n\r\n"[..]).await.is_err() {
+    if chunked && stream.write_all(&mut &b"0\r\n\r\n"[..]).await.is_err() {
         return After::Close;
     }
     if close {
@@ -240,7 +263,7 @@ enum Waited {
 /// hands it back, the client closes, a heartbeat is due, or shutdown
 /// begins; then finishes any chunk the sweep began.
 async fn parked(
-    stream: &Arc<TcpStream>,
+    stream: &Arc<Socket>,
     handle: &direct::Handle,
     mut gone: std::pin::Pin<&mut impl std::future::Future<Output = Spoke>>,
     peer_open: &mut bool,
@@ -278,61 +301,17 @@ async fn parked(
     };
     match back {
         direct::Back::Broken => Waited::Closed,
-        direct::Back::Resume { rest: None } => then,
-        direct::Back::Resume {
-            rest: Some(mut rest),
-        } => {
-            if write_all(stream, &mut rest).await.is_err() {
+        // What the sweep began, and over TLS what it left in the session.
+        direct::Back::Resume { rest } => {
+            if stream
+                .write_all(&mut rest.unwrap_or_default())
+                .await
+                .is_err()
+            {
                 Waited::Closed
             } else {
                 then
             }
-        }
-    }
-}
-
-/// Writes all of `buf`, vectored, through a shared reference (so that the
-/// wait for the client's close can borrow the socket at the same time).
-/// `sendmsg` rather than `writev`: a socket needs none of the file layer
-/// `writev` goes through (its position lock and checks), which showed in
-/// the profile of a 10,000-subscriber fan-out.
-async fn write_all(stream: &TcpStream, buf: &mut impl Buf) -> io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    while buf.has_remaining() {
-        let mut slices = [io::IoSlice::new(&[]); 4];
-        let count = buf.chunks_vectored(&mut slices);
-        let sent = stream.try_io(tokio::io::Interest::WRITABLE, || {
-            socket.send_vectored(&slices[..count])
-        });
-        match sent {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf.advance(n),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-enum Spoke {
-    Closed,
-    Spoke,
-}
-
-/// Resolves when the client closes its side (or the connection breaks), or
-/// sends bytes, which are read and dropped (the connection then closes once
-/// the response ends).
-async fn closed_or_spoke(stream: &TcpStream) -> Spoke {
-    let mut scratch = [0u8; 64];
-    loop {
-        if stream.readable().await.is_err() {
-            return Spoke::Closed;
-        }
-        match stream.try_read(&mut scratch) {
-            Ok(0) => return Spoke::Closed,
-            Ok(_) => return Spoke::Spoke,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(_) => return Spoke::Closed,
         }
     }
 }

@@ -1,8 +1,10 @@
 //! The top: listeners and connections ([`server`]: HTTP/1.1 and h2c,
 //! the admin listener), the HTTP/1.1 subscription fast path
-//! ([`fastpath`]) and h2c write coalescing ([`coalesce`]). It calls the
+//! ([`fastpath`], over TLS too, with [`replay`] handing hyper the bytes it
+//! read and did not take) and h2 write coalescing ([`coalesce`]). It calls the
 //! router and the admin handler; nothing below imports it.
 
 pub mod coalesce;
 pub mod fastpath;
+pub mod replay;
 pub mod server;

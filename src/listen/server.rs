@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -20,11 +21,14 @@ use tracing::{debug, info, warn};
 
 use crate::admin;
 use crate::config::Config;
+use crate::deliver::socket::Socket;
 use crate::floor::body::BoxError;
 use crate::limits::{AcceptErrors, ClientConnection};
 use crate::listen::coalesce::Coalesce;
 use crate::listen::fastpath;
+use crate::listen::replay::Replay;
 use crate::router::Router;
+use crate::tls::socket::TlsSocket;
 use crate::tls::ServerTls;
 use crate::upstream::ConnInfo;
 
@@ -325,12 +329,13 @@ fn serve_connection(
     tokio::spawn(async move {
         let _counted = counted;
         // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
-        // header-read timeout, then hyper by ALPN. The fast path is not
-        // taken over TLS (it reads and writes the TCP socket itself).
-        // Boxed: a TLS session is kilobytes, which would otherwise size
-        // every connection's task, plain ones too.
+        // header-read timeout, then h2 by ALPN or HTTP/1.1 with the fast
+        // path. Boxed: a TLS session is kilobytes, which would otherwise
+        // size every connection's task, plain ones too.
         if let Some(tls) = tls {
-            let serving = serve_tls(tls, stream, router, conn_info, &builder, watcher, closing);
+            let serving = serve_tls(
+                tls, stream, router, conn_info, builder, watcher, closing, fast,
+            );
             return Box::pin(serving).await;
         }
         // The header-read timeout also covers the wait for the first bytes.
@@ -352,27 +357,14 @@ fn serve_connection(
             let config = router.config();
             let (max_head, max_headers) = (config.max_header_bytes, config.max_headers);
             if let Some(parsed) = fastpath::peek(&stream, max_head, max_headers).await {
-                let _active = fast.enter();
                 if consume(&mut stream, parsed.head_len).await.is_err() {
                     return;
                 }
-                let answer = Box::pin(router.handle(parsed.request, conn_info));
-                let Some((response, spoke)) = fastpath::answer_unless_gone(&stream, answer).await
-                else {
-                    return;
-                };
-                // Shared while the response lasts: direct delivery writes
-                // to a parked subscription's socket (src/deliver/direct.rs).
-                let shared = Arc::new(stream);
-                let after = fastpath::write_response(&shared, response).await;
-                if spoke || after == fastpath::After::Close || *closing.borrow() {
-                    return;
-                }
-                // A sweep that just handed the subscription back may still
-                // hold the socket for a moment: then close.
-                match Arc::try_unwrap(shared) {
-                    Ok(back) => stream = back,
-                    Err(_) => return,
+                let socket = Socket::Plain(stream);
+                let answered = answer_fast(socket, parsed, &router, conn_info, &fast, &closing);
+                match answered.await {
+                    Some(Socket::Plain(back)) => stream = back,
+                    _ => return,
                 }
             }
         }
@@ -380,30 +372,97 @@ fn serve_connection(
     });
 }
 
+/// Answers a subscription the fast path took (src/listen/fastpath.rs) on
+/// `socket`; the socket back when the response ended cleanly and the
+/// connection can serve its next request.
+async fn answer_fast(
+    socket: Socket,
+    parsed: fastpath::Parsed,
+    router: &Router,
+    conn_info: ConnInfo,
+    fast: &Arc<FastPath>,
+    closing: &tokio::sync::watch::Receiver<bool>,
+) -> Option<Socket> {
+    let _active = fast.enter();
+    let answer = Box::pin(router.handle(parsed.request, conn_info));
+    let (response, spoke) = fastpath::answer_unless_gone(&socket, answer).await?;
+    // Shared while the response lasts: direct delivery writes to a parked
+    // subscription's socket (src/deliver/direct.rs).
+    let shared = Arc::new(socket);
+    let after = fastpath::write_response(&shared, response).await;
+    if spoke || after == fastpath::After::Close || *closing.borrow() {
+        return None;
+    }
+    // A sweep that just handed the subscription back may still hold the
+    // socket for a moment: then close.
+    Arc::try_unwrap(shared).ok()
+}
+
 /// TLS hook (issue 47): the handshake of a connection to a TLS listener,
 /// within the header-read timeout (a failed one is a debug line: scanners
-/// and plain-HTTP clients make many), then hyper, h2 when ALPN chose it.
+/// and plain-HTTP clients make many), then hyper over h2 when ALPN chose
+/// it. Over HTTP/1.1 the client's first bytes are read (nothing can be
+/// peeked at under TLS): a subscription that arrived whole in them takes
+/// the fast path, as on a plain connection, and anything else goes to
+/// hyper with those bytes replayed.
+#[allow(clippy::too_many_arguments)]
 async fn serve_tls(
     tls: Arc<ServerTls>,
     stream: TcpStream,
     router: Router,
     conn_info: ConnInfo,
-    builder: &Builders,
+    builder: Arc<Builders>,
     watcher: hyper_util::server::graceful::Watcher,
     mut closing: tokio::sync::watch::Receiver<bool>,
+    fast: Arc<FastPath>,
 ) {
     let peer = conn_info.peer;
+    let timeout = builder.header_read_timeout;
     let accepted = tokio::select! {
-        accepted = tokio::time::timeout(builder.header_read_timeout, tls.accept(stream)) => accepted,
+        accepted = tokio::time::timeout(timeout, tls.accept(stream)) => accepted,
         _ = closing.wait_for(|closing| *closing) => return,
     };
-    match accepted {
-        Ok(Ok((stream, h2))) => {
-            serve_hyper(stream, h2, router, conn_info, builder, watcher, closing).await
+    let stream = match accepted {
+        Ok(Ok((stream, true))) => {
+            return serve_hyper(stream, true, router, conn_info, &builder, watcher, closing).await
         }
-        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-        Err(_) => debug!(%peer, "no TLS handshake within the header-read timeout"),
-    }
+        Ok(Ok((stream, false))) => TlsSocket::new(stream),
+        Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => return debug!(%peer, "no TLS handshake within the header-read timeout"),
+    };
+    let config = router.config();
+    let (max_head, max_headers) = (config.max_header_bytes, config.max_headers);
+    let first = tokio::select! {
+        first = tokio::time::timeout(timeout, fastpath::first_bytes_tls(&stream, max_head)) => first,
+        _ = closing.wait_for(|closing| *closing) => return,
+    };
+    let first = match first {
+        Ok(Ok(first)) if !first.is_empty() => first,
+        Ok(Ok(_)) => return,
+        Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a request"),
+        Err(_) => return debug!(%peer, "no request within the header-read timeout"),
+    };
+    let taken = fastpath::parse(&first)
+        .filter(|p| p.head_len == first.len() && p.request.headers().len() <= max_headers);
+    let (stream, first) = match taken {
+        Some(parsed) => {
+            let answered = answer_fast(
+                Socket::Tls(Box::new(stream)),
+                parsed,
+                &router,
+                conn_info,
+                &fast,
+                &closing,
+            );
+            match answered.await {
+                Some(Socket::Tls(back)) => (*back, Bytes::new()),
+                _ => return,
+            }
+        }
+        None => (stream, Bytes::from(first)),
+    };
+    let stream = Replay::new(first, stream);
+    serve_hyper(stream, false, router, conn_info, &builder, watcher, closing).await
 }
 
 /// Serves a connection (TCP, or TLS after its handshake) with hyper:

@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod server;
+pub mod socket;
 
 use std::path::Path;
 use std::sync::Arc;

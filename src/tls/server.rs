@@ -17,12 +17,14 @@
 //!   frames one update wakes are encrypted and written together.
 //! - Heartbeats are the subscription body's, on every kind of connection.
 //! - The HTTP/1.1 subscription fast path (`src/listen/fastpath.rs`) and direct
-//!   delivery (`src/deliver/direct.rs`) are *not* taken over TLS: both read
-//!   and write the TCP socket itself (a peek at the request head, one
-//!   `sendmsg` per parked subscriber from the sweep), and over TLS every
-//!   byte goes through the connection's rustls session. HTTP/1.1
-//!   subscriptions over TLS are served by hyper, as any request the fast
-//!   path does not take is; browsers over TLS speak h2 anyway.
+//!   delivery (`src/deliver/direct.rs`) serve TLS clients too, through
+//!   [`TlsSocket`](super::socket::TlsSocket): the session under a lock
+//!   that each write or read takes for a moment, so the sweep of a window
+//!   hands every parked subscriber's session the one shared chunk to
+//!   encrypt. Under TLS the request head cannot be peeked at, so the
+//!   client's first bytes are read; when they are not a whole
+//!   subscription request, hyper reads them again first
+//!   (`src/listen/replay.rs`). h2 connections keep tokio-rustls's stream.
 //!
 //! A certificate that does not load is an error naming its file at start;
 //! on reload the error is logged and the loaded certificate stays. A
