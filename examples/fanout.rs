@@ -55,10 +55,11 @@
 //! subscribes over it as before. For `--system braid` the program makes a
 //! CA and a server certificate for `localhost`/127.0.0.1 in a temporary
 //! directory and starts the (measured) proxy with `--tls-cert`/`--tls-key`;
-//! its PUTs then go over TLS too (one connection each, as in plain runs,
-//! its handshake made before the update's scheduled time so that it does
-//! not count as latency). For a running server (`nchan`, `floor`),
-//! `--tls-ca FILE` names the CA to trust and `--publish` its plain
+//! its PUTs then go over TLS too, on one keep-alive connection (made
+//! before the first update's scheduled time, and again after an error):
+//! a handshake per PUT would wait behind a busy proxy's sweeps and make
+//! the publisher late. For a running Nchan (`nginx` with an `ssl`
+//! listener), `--tls-ca FILE` names the CA to trust and `--publish` its plain
 //! listener for the POSTs. `--write-certs DIR` writes `ca.pem`, `cert.pem`
 //! and `key.pem` for such a server and exits (`--key ecdsa-p256|rsa2048`,
 //! default ECDSA P-256). Over TLS the bytes in the socket are encrypted,
@@ -322,8 +323,8 @@ fn args() -> Args {
             "--tls: HTTP/1.1 subscribers over TLS (not with --h2c-conns)"
         );
         assert!(
-            matches!(a.system, System::Braid | System::Nchan | System::Floor),
-            "--tls: braid-proxy, Nchan and the floor"
+            matches!(a.system, System::Braid | System::Nchan),
+            "--tls: braid-proxy and Nchan (nginx's ssl listener)"
         );
         if a.system != System::Braid {
             assert!(
@@ -1188,19 +1189,53 @@ async fn request(addr: SocketAddr, head: &str, body: &[u8]) -> bool {
         .unwrap_or(false)
 }
 
-/// A TLS connection to braid-proxy for one PUT (`--tls`), made ahead of
-/// the update's scheduled time.
-type PublishTls = tokio_rustls::client::TlsStream<TcpStream>;
+/// The publisher's keep-alive HTTP/1.1 connection to braid-proxy's TLS
+/// listener (`--tls`).
+type PublishTls = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn tls_connect(connector: &tokio_rustls::TlsConnector, addr: SocketAddr) -> Option<PublishTls> {
+/// Opens the publisher's connection: a TLS handshake, then HTTP/1.1 by
+/// hyper (its connection task spawned).
+async fn tls_publisher(connector: &tokio_rustls::TlsConnector, addr: SocketAddr) -> Option<PublishTls> {
     let go = async {
         let tcp = TcpStream::connect(addr).await.ok()?;
-        connector.connect(tls::server_name(), tcp).await.ok()
+        let _ = tcp.set_nodelay(true);
+        let tls = connector.connect(tls::server_name(), tcp).await.ok()?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .ok()?;
+        tokio::spawn(conn);
+        Some(send)
     };
     tokio::time::timeout(Duration::from_secs(10), go)
         .await
         .ok()
         .flatten()
+}
+
+/// One PUT on the publisher's connection; true on a 2xx. The connection
+/// is dropped (made again before the next update) after an error.
+async fn put_over(conn: &mut Option<PublishTls>) -> bool {
+    let Some(send) = conn.as_mut() else {
+        return false;
+    };
+    let go = async {
+        send.ready().await.ok()?;
+        let request = Request::put("/doc")
+            .header("host", "bench")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .expect("request");
+        let response = send.send_request(request).await.ok()?;
+        let ok = response.status().is_success();
+        response.into_body().collect().await.ok()?;
+        Some(ok)
+    };
+    match tokio::time::timeout(Duration::from_secs(10), go).await {
+        Ok(Some(ok)) => ok,
+        _ => {
+            *conn = None;
+            false
+        }
+    }
 }
 
 /// Sends one request (`Connection: close`) on `s` and reads the answer to
@@ -1225,18 +1260,16 @@ where
 }
 
 /// Publishes update k (braid-proxy: the origin numbers it). `tls`: the
-/// connection made ahead for braid-proxy's TLS listener.
-async fn publish(a: &Args, server: SocketAddr, k: u64, tls: Option<PublishTls>) -> bool {
+/// publisher's connection to braid-proxy's TLS listener (`--tls`).
+async fn publish(
+    a: &Args,
+    server: SocketAddr,
+    k: u64,
+    tls: Option<&mut Option<PublishTls>>,
+) -> bool {
     match a.system {
         System::Braid => match tls {
-            Some(s) => {
-                tokio::time::timeout(
-                    Duration::from_secs(10),
-                    exchange(s, "PUT /doc HTTP/1.1\r\n", b"x"),
-                )
-                .await
-                .unwrap_or(false)
-            }
+            Some(conn) => put_over(conn).await,
             None => request(server, "PUT /doc HTTP/1.1\r\n", b"x").await,
         },
         System::Nchan | System::Floor => {
@@ -1495,17 +1528,20 @@ async fn main() {
         // When each publish began after its scheduled time (the timer's
         // lateness), and how long its request took to be answered (µs).
         let (mut late, mut took) = (Vec::new(), Vec::new());
+        let mut put_conn: Option<PublishTls> = None;
         for i in 0..updates {
             let at = start + period.mul_f64(i as f64);
-            // Over TLS, braid-proxy's PUT gets a connection of its own as
-            // in plain runs, its handshake made before the scheduled time.
-            let ahead = match (&connector, a.system) {
-                (Some(c), System::Braid) => tls_connect(c, target).await,
-                _ => None,
-            };
+            // Over TLS, braid-proxy's PUTs go over one keep-alive
+            // connection, (re)made before the scheduled time: a handshake
+            // per PUT would wait behind a busy proxy's sweeps and make the
+            // publisher late.
+            if let (Some(c), System::Braid, None) = (&connector, a.system, &put_conn) {
+                put_conn = tls_publisher(c, target).await;
+            }
             punctual(at).await;
             let began = Instant::now();
-            if !publish(&a, target, first_k + i, ahead).await {
+            let tls_put = (a.tls && a.system == System::Braid).then_some(&mut put_conn);
+            if !publish(&a, target, first_k + i, tls_put).await {
                 failed_publishes += 1;
             }
             late.push(began.saturating_duration_since(at).as_micros() as u32);
