@@ -409,6 +409,10 @@ def main():
     ap.add_argument('--subs', type=int, default=None, help='idle and fan-out subscribers (default 10000)')
     ap.add_argument('--braid-arg', action='append', default=[], metavar='ARG',
                     help='an argument for braid-proxy, repeatable; write --braid-arg=--workers=1')
+    ap.add_argument('--rate', type=float, default=None,
+                    help='fan-out updates per second (default 10)')
+    ap.add_argument('--updates', type=int, default=None,
+                    help='fan-out updates (default 200; 20 with --quick)')
     ap.add_argument('--tls', action='store_true',
                     help='subscribers over TLS (braid-proxy and Nchan; default --systems braid,nchan)')
     args = ap.parse_args()
@@ -432,14 +436,16 @@ def main():
         subs = args.subs or 300
         params = {
             'idle': ['--subs', str(subs), '--settle', '1'],
-            'fanout': ['--subs', str(subs), '--updates', '20', '--rate', '10', '--payload', '100'],
+            'fanout': ['--subs', str(subs), '--updates', str(args.updates or 20),
+                       '--rate', f'{args.rate or 10:g}', '--payload', '100'],
             'stall': ['--subs', '20', '--updates', '20', '--rate', '10', '--payload', '50000'],
         }
     else:
         subs = args.subs or 10000
         params = {
             'idle': ['--subs', str(subs), '--settle', '2'],
-            'fanout': ['--subs', str(subs), '--updates', '200', '--rate', '10', '--payload', '100'],
+            'fanout': ['--subs', str(subs), '--updates', str(args.updates or 200),
+                       '--rate', f'{args.rate or 10:g}', '--payload', '100'],
             'stall': ['--subs', '100', '--updates', '100', '--rate', '10', '--payload', '50000'],
         }
     kind = 'quick' if args.quick else 'full'
