@@ -1239,8 +1239,8 @@ async fn put_over(conn: &mut Option<PublishTls>) -> bool {
 }
 
 /// Sends one request (`Connection: close`) on `s` and reads the answer to
-/// its end; true on a 2xx. An error after the status line (a TLS peer
-/// that closes without close_notify) does not undo the status read.
+/// its end; true on a 2xx. An error after the status line (a reset) does
+/// not undo the status read.
 async fn exchange<S>(mut s: S, head: &str, body: &[u8]) -> bool
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
