@@ -30,6 +30,17 @@ Writes into --out (default bench/results/<full|quick>): <system>-<scenario>.json
 and .log (the generator's report), latency.csv (percentile curve per
 system), latency.png, table.md (the table with the braid-proxy / peer
 ratios). Exits non-zero if a run failed or a fan-out delivered nothing.
+
+--tls runs the same scenarios with every subscriber over TLS (HTTP/1.1 by
+ALPN, a full handshake each, rustls on the generator's side): a CA and a
+server certificate for localhost/127.0.0.1 are made in the work directory
+(`fanout --write-certs`); braid-proxy gets its own from the generator
+(`fanout --tls`), nginx listens with `ssl` on the subscribers' port
+(`ssl_certificate`, `ssl_protocols TLSv1.2 TLSv1.3`, nginx's defaults
+otherwise) and plain on a second port for the publisher's POSTs. Over TLS
+the latency is to the generator's read of the decrypted update (no kernel
+receive stamp can be tied to an update). Pushpin is left out over TLS.
+Default --out: bench/results/tls-<full|quick>.
 """
 import argparse
 import csv
@@ -51,6 +62,7 @@ sys.path.insert(0, HERE)
 import plot_latency  # noqa: E402
 
 NCHAN_PORT, PUSHPIN_PORT, PUSHPIN_PUBLISH, ORIGIN_PORT = 18201, 18202, 5561, 18210
+NCHAN_PUBLISH_PORT = 18203  # nginx's plain listener for the POSTs under --tls
 NCHAN_MODULE = '/usr/lib/nginx/modules/ngx_nchan_module.so'
 NOFILE = 20000
 PUSHPIN_LOG_LEVEL = 1  # 2 (info) with --keep
@@ -68,8 +80,8 @@ http {{
   client_max_body_size 1m;
   client_body_buffer_size 128k;
   server {{
-    listen 127.0.0.1:{port} backlog=4096;
-    location = /sub {{
+    listen 127.0.0.1:{port}{ssl} backlog=4096;
+{tls}    location = /sub {{
       nchan_subscriber http-raw-stream;
       nchan_channel_id doc;
       nchan_subscriber_first_message newest;
@@ -116,18 +128,34 @@ def wait_port(port, timeout=15.0):
     return False
 
 
-def start_nchan(workdir):
+# Under --tls: the subscribers' listener speaks TLS (nginx's defaults but
+# the protocols), a plain one takes the publisher's POSTs.
+NGINX_TLS = """    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    listen 127.0.0.1:{publish_port};
+"""
+
+
+def start_nchan(workdir, certs=None):
     d = os.path.join(workdir, 'nginx')
     os.makedirs(os.path.join(d, 'body'), exist_ok=True)
     conf = os.path.join(d, 'nginx.conf')
+    tls = ''
+    if certs:
+        tls = NGINX_TLS.format(cert=certs['cert'], key=certs['key'], publish_port=NCHAN_PUBLISH_PORT)
     with open(conf, 'w') as f:
-        f.write(NGINX_CONF.format(dir=d, module=NCHAN_MODULE, port=NCHAN_PORT, nofile=NOFILE))
+        f.write(NGINX_CONF.format(dir=d, module=NCHAN_MODULE, port=NCHAN_PORT, nofile=NOFILE,
+                                  ssl=' ssl' if certs else '', tls=tls))
     p = subprocess.Popen(['taskset', '-c', '0', 'nginx', '-c', conf, '-p', d],
                          start_new_session=True, stdout=subprocess.DEVNULL,
                          stderr=open(os.path.join(d, 'stderr.log'), 'w'))
-    if not wait_port(NCHAN_PORT):
+    if not wait_port(NCHAN_PORT) or (certs and not wait_port(NCHAN_PUBLISH_PORT)):
         stop(p)
         fail(f'nginx did not listen on {NCHAN_PORT}; see {d}/error.log')
+    if certs:
+        return p, ['--target', f'127.0.0.1:{NCHAN_PORT}', '--tls', '--tls-ca', certs['ca'],
+                   '--publish', f'127.0.0.1:{NCHAN_PUBLISH_PORT}']
     return p, ['--target', f'127.0.0.1:{NCHAN_PORT}']
 
 
@@ -212,17 +240,22 @@ def stop(p):
             pass
 
 
-def run(system, scenario, params, bin_dir, out_dir, workdir, braid_args=()):
+def run(system, scenario, params, bin_dir, out_dir, workdir, braid_args=(), certs=None):
     name = f'{system}-{scenario}'
     gen = [os.path.join(bin_dir, 'examples/fanout'), '--system', system, '--scenario', scenario,
            '--json', os.path.join(out_dir, name + '.json')] + params
     server = None
     if system == 'braid':
         gen += ['--proxy', os.path.join(bin_dir, 'braid-proxy'), '--proxy-cpu', '0']
+        if certs:
+            gen += ['--tls']  # the generator makes braid-proxy's certificate
         for arg in braid_args:
             gen += ['--proxy-arg', arg]
+    elif system == 'nchan':
+        server, extra = start_nchan(workdir, certs)
+        gen += extra + ['--server-pid', str(server.pid)]
     else:
-        server, extra = (start_nchan if system == 'nchan' else start_pushpin)(workdir)
+        server, extra = start_pushpin(workdir)
         gen += extra + ['--server-pid', str(server.pid)]
     print(f'== {name}: ' + ' '.join(gen[1:]), flush=True)
     try:
@@ -257,7 +290,23 @@ def fmt(v, digits=1):
     return f'{v:,}'
 
 
-def table(results, systems, scenarios):
+def make_certs(bin_dir, workdir):
+    """ca.pem, cert.pem and key.pem for nginx (fanout --write-certs)."""
+    d = os.path.join(workdir, 'certs')
+    subprocess.run([os.path.join(bin_dir, 'examples/fanout'), '--write-certs', d],
+                   check=True, stdout=subprocess.DEVNULL)
+    return {k: os.path.join(d, f'{k}.pem') for k in ('ca', 'cert', 'key')}
+
+
+# Over TLS: the latency is to the generator's read of the decrypted update.
+TLS_LABELS = {
+    'fan-out: latency p50 (ms, to arrival)': "fan-out: latency p50 (ms, to the generator's read, decrypted)",
+    'fan-out: latency p99 (ms, to arrival)': "fan-out: latency p99 (ms, to the generator's read, decrypted)",
+    'fan-out: latency max (ms, to arrival)': "fan-out: latency max (ms, to the generator's read, decrypted)",
+}
+
+
+def table(results, systems, scenarios, tls=False):
     rows = [
         ('idle: RSS per subscription (KiB)', 'idle', 'rss_per_sub_kib', 'low', 2),
         ('idle: server processes counted', 'idle', 'processes', None, 0),
@@ -278,6 +327,10 @@ def table(results, systems, scenarios):
         ('stall: bytes read after resuming (median)', 'stall', 'bytes_after_resume_median', 'low', 0),
         ('stall: readers that never got the current one', 'stall', 'subscribers_without_last', 'low', 0),
     ]
+    if tls:
+        rows = [(TLS_LABELS.get(r[0], r[0]),) + r[1:] for r in rows
+                if r[2] != 'read_p99_ms']  # the same as the p99 row over TLS
+        rows.insert(0, ('TLS negotiated (version, suite, group, ALPN)', 'fanout', 'tls', None, 0))
     peers = [s for s in systems if s != 'braid']
     head = ['metric'] + [LABEL[s] for s in systems]
     if 'braid' in systems:
@@ -295,6 +348,9 @@ def table(results, systems, scenarios):
                 vals[s] = None
             elif key is None:
                 cells.append(f"{fmt(r.get('deliveries'))} / {fmt(r.get('expected_deliveries'))}")
+                vals[s] = None
+            elif isinstance(r.get(key), str):
+                cells.append(r[key])
                 vals[s] = None
             else:
                 vals[s] = r.get(key)
@@ -353,7 +409,18 @@ def main():
     ap.add_argument('--subs', type=int, default=None, help='idle and fan-out subscribers (default 10000)')
     ap.add_argument('--braid-arg', action='append', default=[], metavar='ARG',
                     help='an argument for braid-proxy, repeatable; write --braid-arg=--workers=1')
+    ap.add_argument('--rate', type=float, default=None,
+                    help='fan-out updates per second (default 10)')
+    ap.add_argument('--updates', type=int, default=None,
+                    help='fan-out updates (default 200; 20 with --quick)')
+    ap.add_argument('--tls', action='store_true',
+                    help='subscribers over TLS (braid-proxy and Nchan; default --systems braid,nchan)')
     args = ap.parse_args()
+    if args.tls:
+        if args.systems == ap.get_default('systems'):
+            args.systems = 'braid,nchan'
+        elif 'pushpin' in args.systems:
+            fail('--tls: Pushpin is left out over TLS (braid, nchan)')
     systems = [s.strip() for s in args.systems.split(',') if s.strip()]
     scenarios = [s.strip() for s in args.scenarios.split(',') if s.strip()]
     for s in systems:
@@ -369,17 +436,20 @@ def main():
         subs = args.subs or 300
         params = {
             'idle': ['--subs', str(subs), '--settle', '1'],
-            'fanout': ['--subs', str(subs), '--updates', '20', '--rate', '10', '--payload', '100'],
+            'fanout': ['--subs', str(subs), '--updates', str(args.updates or 20),
+                       '--rate', f'{args.rate or 10:g}', '--payload', '100'],
             'stall': ['--subs', '20', '--updates', '20', '--rate', '10', '--payload', '50000'],
         }
     else:
         subs = args.subs or 10000
         params = {
             'idle': ['--subs', str(subs), '--settle', '2'],
-            'fanout': ['--subs', str(subs), '--updates', '200', '--rate', '10', '--payload', '100'],
+            'fanout': ['--subs', str(subs), '--updates', str(args.updates or 200),
+                       '--rate', f'{args.rate or 10:g}', '--payload', '100'],
             'stall': ['--subs', '100', '--updates', '100', '--rate', '10', '--payload', '50000'],
         }
-    out_dir = os.path.abspath(args.out or os.path.join(HERE, 'results', 'quick' if args.quick else 'full'))
+    kind = 'quick' if args.quick else 'full'
+    out_dir = os.path.abspath(args.out or os.path.join(HERE, 'results', f'tls-{kind}' if args.tls else kind))
     os.makedirs(out_dir, exist_ok=True)
     results = {}
     ok = True
@@ -389,6 +459,7 @@ def main():
         os.makedirs(args.keep, exist_ok=True)
     with (tempfile.TemporaryDirectory(prefix='peers-') if not args.keep
           else nullcontext(os.path.abspath(args.keep))) as workdir:
+        certs = make_certs(bin_dir, workdir) if args.tls and not args.report_only else None
         for system in systems:
             for scenario in scenarios:
                 if args.report_only:
@@ -397,7 +468,8 @@ def main():
                         with open(path) as f:
                             results[(system, scenario)] = json.load(f)
                     continue
-                r = run(system, scenario, params[scenario], bin_dir, out_dir, workdir, args.braid_arg)
+                r = run(system, scenario, params[scenario], bin_dir, out_dir, workdir, args.braid_arg,
+                        certs)
                 if r is None:
                     ok = False
                     continue
@@ -416,9 +488,14 @@ def main():
                 w.writerow([LABEL[s], f'{p:.5f}', '' if ms is None else f'{ms:.3f}'])
     fan = params['fanout']
     title = f"fan-out latency: {fan[1]} subscribers, {fan[3]} updates at {fan[5]}/s"
+    if args.tls:
+        title += ", over TLS (to the generator's read)"
     if any((s, 'fanout') in results for s in systems):
         plot_latency.plot(plot_latency.read_csv(csv_path), os.path.join(out_dir, 'latency.png'), title)
-    text = table(results, systems, scenarios) + '\n' + goals(results)
+    text = table(results, systems, scenarios, args.tls) + '\n' + ('' if args.tls else goals(results))
+    if args.tls:
+        text = ('Over TLS: every subscriber a TLS connection (HTTP/1.1); latency to the '
+                "generator's read of the decrypted update.\n\n") + text
     if args.braid_arg:
         text = f"braid-proxy ran with: {' '.join(args.braid_arg)}\n\n" + text
     with open(os.path.join(out_dir, 'table.md'), 'w') as f:

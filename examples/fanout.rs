@@ -49,6 +49,28 @@
 //! listener, with `--publish` naming its HTTP/1.1 one for the POSTs): the
 //! arrival is then this generator's read of each DATA frame.
 //!
+//! `--tls` makes every subscriber connection a TLS one (rustls with the
+//! aws-lc-rs provider, ALPN `http/1.1` only, no session resumption, the
+//! certificate verified against a CA; `examples/common/tls.rs`), then
+//! subscribes over it as before. For `--system braid` the program makes a
+//! CA and a server certificate for `localhost`/127.0.0.1 in a temporary
+//! directory and starts the (measured) proxy with `--tls-cert`/`--tls-key`;
+//! its PUTs then go over TLS too, on one keep-alive connection (made
+//! before the first update's scheduled time, and again after an error):
+//! a handshake per PUT would wait behind a busy proxy's sweeps and make
+//! the publisher late. For a running Nchan (`nginx` with an `ssl`
+//! listener), `--tls-ca FILE` names the CA to trust and `--publish` its plain
+//! listener for the POSTs. `--write-certs DIR` writes `ca.pem`, `cert.pem`
+//! and `key.pem` for such a server and exits (`--key ecdsa-p256|rsa2048`,
+//! default ECDSA P-256). Over TLS the bytes in the socket are encrypted,
+//! so the kernel's receive stamp of a segment says nothing about which
+//! update it carries: the latency is taken to this generator's read of the
+//! decrypted update (as with `--stamps off`), and so includes the
+//! generator's own pace of reading (and decrypting) 10,000 connections.
+//! `--kx x25519` (the default) offers X25519 alone, the group nginx with
+//! OpenSSL 3.0 picks; `--kx default` offers rustls's list (X25519MLKEM768
+//! first).
+//!
 //! The server's CPU is utime+stime and its RSS VmRSS, summed over the
 //! process `--server-pid` (or the braid-proxy this program starts) and all
 //! its descendants, from /proc. Loopback only; every wait is bounded.
@@ -80,6 +102,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Semaphore};
+
+#[path = "common/tls.rs"]
+mod tls;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum System {
@@ -127,6 +152,15 @@ struct Args {
     /// upstream is another braid-proxy (the shield, not pinned, not
     /// measured) in front of the origin (`--edge`).
     edge: bool,
+    /// Subscribers over TLS (`--tls`).
+    tls: bool,
+    /// The CA a running server's certificate is verified against
+    /// (`--tls-ca`; braid-proxy's is made by this program).
+    tls_ca: Option<String>,
+    /// Key exchange groups offered over TLS (`--kx`).
+    kx: tls::Kx,
+    /// The server key `--write-certs` makes (`--key`).
+    key: tls::KeyKind,
     json: Option<String>,
 }
 
@@ -137,6 +171,8 @@ usage: fanout [--system braid|nchan|pushpin|floor] [--scenario idle|fanout|stall
               [--target ADDR --server-pid PID] [--publish ADDR] [--origin ADDR]
               [--sources 1..250] [--inflight N] [--settle SECONDS]
               [--stamps on|off] [--h2c-conns C] [--edge] [--json PATH]
+              [--tls [--tls-ca FILE] [--kx x25519|default]]
+       fanout --write-certs DIR [--key ecdsa-p256|rsa2048]
 See the comment at the top of examples/fanout.rs.";
 
 fn args() -> Args {
@@ -161,8 +197,13 @@ fn args() -> Args {
         stamps: true,
         h2c_conns: 0,
         edge: false,
+        tls: false,
+        tls_ca: None,
+        kx: tls::Kx::X25519,
+        key: tls::KeyKind::EcdsaP256,
         json: None,
     };
+    let mut write_certs = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
@@ -171,6 +212,10 @@ fn args() -> Args {
         }
         if flag == "--edge" {
             a.edge = true;
+            continue;
+        }
+        if flag == "--tls" {
+            a.tls = true;
             continue;
         }
         let value = it.next().unwrap_or_default();
@@ -219,12 +264,27 @@ fn args() -> Args {
                 }
             }
             "--h2c-conns" => a.h2c_conns = value.parse().expect("--h2c-conns C"),
+            "--tls-ca" => a.tls_ca = Some(value),
+            "--kx" => a.kx = tls::Kx::parse(&value),
+            "--key" => a.key = tls::KeyKind::parse(&value),
+            "--write-certs" => write_certs = Some(value),
             "--json" => a.json = Some(value),
             other => {
                 eprintln!("fanout: unknown flag {other}\n{USAGE}");
                 std::process::exit(2);
             }
         }
+    }
+    if let Some(dir) = write_certs {
+        let files = tls::write_certs(std::path::Path::new(&dir), a.key);
+        println!(
+            "wrote {}, {} and {} ({:?}, for localhost and 127.0.0.1)",
+            files.ca.display(),
+            files.cert.display(),
+            files.key.display(),
+            a.key
+        );
+        std::process::exit(0);
     }
     let updates = a.updates.unwrap_or((a.rate * a.secs as f64) as u64);
     assert!(
@@ -256,6 +316,26 @@ fn args() -> Args {
             "--h2c-conns: braid-proxy and Nchan (nginx's http2 listener) speak h2c"
         );
         assert!(a.h2c_conns <= a.subs.max(1), "--h2c-conns at most --subs");
+    }
+    if a.tls {
+        assert!(
+            a.h2c_conns == 0,
+            "--tls: HTTP/1.1 subscribers over TLS (not with --h2c-conns)"
+        );
+        assert!(
+            matches!(a.system, System::Braid | System::Nchan),
+            "--tls: braid-proxy and Nchan (nginx's ssl listener)"
+        );
+        if a.system != System::Braid {
+            assert!(
+                a.tls_ca.is_some(),
+                "--tls against a running server needs --tls-ca (the CA of its certificate)"
+            );
+            assert!(
+                a.publish.is_some(),
+                "--tls against a running server needs --publish (its plain listener for the POSTs)"
+            );
+        }
     }
     a.updates = Some(updates);
     a
@@ -363,6 +443,7 @@ async fn start_proxy(
     a: &Args,
     upstream: SocketAddr,
     pinned: bool,
+    certs: Option<&tls::CertFiles>,
 ) -> (SocketAddr, tokio::process::Child) {
     let mut cmd = match a.proxy_cpu.as_ref().filter(|_| pinned) {
         Some(cpu) => {
@@ -386,6 +467,14 @@ async fn start_proxy(
         "--max-subscriptions-per-resource",
         "1000000",
     ])
+    .args(certs.map_or(Vec::new(), |c| {
+        vec![
+            "--tls-cert".into(),
+            c.cert.display().to_string(),
+            "--tls-key".into(),
+            c.key.display().to_string(),
+        ]
+    }))
     .args(&a.proxy_args)
     .env("RUST_LOG", "warn")
     .stdout(std::process::Stdio::piped())
@@ -396,7 +485,10 @@ async fn start_proxy(
     let deadline = Instant::now() + Duration::from_secs(30);
     while let Ok(Ok(Some(line))) = tokio::time::timeout_at(deadline.into(), lines.next_line()).await
     {
-        if let Some(rest) = line.strip_prefix("braid-proxy listening on http://") {
+        let rest = line
+            .strip_prefix("braid-proxy listening on http://")
+            .or_else(|| line.strip_prefix("braid-proxy listening on https://"));
+        if let Some(rest) = rest {
             let addr = rest.trim().parse().expect("proxy address");
             tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
             return (addr, child);
@@ -462,6 +554,40 @@ struct Shared {
     connect_slots: Semaphore,
     /// Whether sockets ask for kernel receive stamps.
     stamps: bool,
+    /// `--tls`: the connector every subscriber's handshake uses.
+    tls: Option<tokio_rustls::TlsConnector>,
+    /// What the first TLS handshake negotiated (version, suite, group, ALPN).
+    negotiated: std::sync::OnceLock<String>,
+    /// The first TLS failure was reported (the others are only counted).
+    tls_error_said: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    /// The subscription request, the same over TCP and TLS.
+    fn request(&self) -> String {
+        // FANOUT_HYPER_PATH=1 adds a Connection option, which keeps a
+        // braid-proxy subscription off its fast path (src/net/fastpath.rs): an A/B
+        // of the proxy's two HTTP/1.1 paths in one binary.
+        let hyper_path = if std::env::var_os("FANOUT_HYPER_PATH").is_some() {
+            "Connection: keep-alive, x-bench\r\n"
+        } else {
+            ""
+        };
+        match self.system {
+            System::Braid => format!(
+                "GET {} HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n{hyper_path}\r\n",
+                self.path
+            ),
+            _ => format!("GET {} HTTP/1.1\r\nHost: bench\r\n\r\n", self.path),
+        }
+    }
+
+    /// Says the first TLS failure on stderr.
+    fn tls_failed(&self, what: &str, e: &dyn std::fmt::Display) {
+        if !self.tls_error_said.swap(true, Ordering::Relaxed) {
+            eprintln!("TLS subscriber: {what}: {e} (later failures only counted)");
+        }
+    }
 }
 
 #[derive(Default)]
@@ -501,7 +627,6 @@ async fn subscriber(
     let Ok(permit) = shared.connect_slots.acquire().await else {
         return result;
     };
-    let mut slot = Some(permit);
     let connect = connect_from(src, shared.target);
     let mut stream = match tokio::time::timeout(Duration::from_secs(30), connect).await {
         Ok(Ok(s)) => s,
@@ -510,21 +635,7 @@ async fn subscriber(
             return result;
         }
     };
-    // FANOUT_HYPER_PATH=1 adds a Connection option, which keeps a
-    // braid-proxy subscription off its fast path (src/net/fastpath.rs): an A/B
-    // of the proxy's two HTTP/1.1 paths in one binary.
-    let hyper_path = if std::env::var_os("FANOUT_HYPER_PATH").is_some() {
-        "Connection: keep-alive, x-bench\r\n"
-    } else {
-        ""
-    };
-    let request = match shared.system {
-        System::Braid => format!(
-            "GET {} HTTP/1.1\r\nHost: bench\r\nSubscribe: true\r\n{hyper_path}\r\n",
-            shared.path
-        ),
-        _ => format!("GET {} HTTP/1.1\r\nHost: bench\r\n\r\n", shared.path),
-    };
+    let request = shared.request();
     // The kernel stamps each segment as it reaches the socket; the latency
     // is taken to that arrival, so that this generator's own pace of
     // reading 10,000 sockets on one core does not count as the server's.
@@ -554,9 +665,7 @@ async fn subscriber(
     let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
 
     let mut buf = vec![0u8; 64 * 1024];
-    let mut carry: Vec<u8> = Vec::new();
-    let mut head_done = false;
-    let mut seen = Seen::default();
+    let mut reading = Reading::new(Some(permit));
     let mut was_paused = false;
     'control: loop {
         if !until_reading(&mut control, &mut was_paused).await {
@@ -577,7 +686,7 @@ async fn subscriber(
                 read = read_stamped(&stream, &mut buf, &mut cmsg) => match read {
                     Ok((n, stamp)) if n > 0 => (n, stamp),
                     _ => {
-                        if !head_done {
+                        if !reading.head_done {
                             shared.refused.fetch_add(1, Ordering::Relaxed);
                         }
                         return result;
@@ -585,39 +694,157 @@ async fn subscriber(
                 },
             };
             let now = Instant::now();
-            if stamp.is_none() {
-                result.unstamped += 1;
+            if !reading.took(&shared, &buf[..n], stamp, now, was_paused, &mut result) {
+                return result;
             }
-            if was_paused {
-                result.bytes_after_resume += n as u64;
+        }
+    }
+}
+
+/// What one subscriber has read so far: the bytes not yet scanned, whether
+/// the response head came, the versions seen, and its set-up slot until
+/// the head came.
+struct Reading<'a> {
+    carry: Vec<u8>,
+    head_done: bool,
+    seen: Seen,
+    slot: Option<tokio::sync::SemaphorePermit<'a>>,
+}
+
+impl<'a> Reading<'a> {
+    fn new(slot: Option<tokio::sync::SemaphorePermit<'a>>) -> Self {
+        Reading {
+            carry: Vec::new(),
+            head_done: false,
+            seen: Seen::default(),
+            slot,
+        }
+    }
+
+    /// Takes what one read returned (at `now`, with the kernel's stamp
+    /// when there is one): the response head first (its set-up slot freed
+    /// and the subscriber counted ready once it is a 2xx), then every
+    /// update in it. False when the subscription was refused (counted).
+    fn took(
+        &mut self,
+        shared: &Shared,
+        data: &[u8],
+        stamp: Option<Duration>,
+        now: Instant,
+        was_paused: bool,
+        result: &mut SubResult,
+    ) -> bool {
+        if stamp.is_none() {
+            result.unstamped += 1;
+        }
+        if was_paused {
+            result.bytes_after_resume += data.len() as u64;
+        }
+        self.carry.extend_from_slice(data);
+        let mut pos = 0;
+        if !self.head_done {
+            let Some(i) = find(&self.carry, b"\r\n\r\n") else {
+                if self.carry.len() > 64 * 1024 {
+                    shared.refused.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+                return true;
+            };
+            // "HTTP/1.1 2xx": 200 for the peers, 209 for braid-proxy.
+            if self.carry.get(9) != Some(&b'2') {
+                let status = self.carry.split(|&b| b == b'\r').next().unwrap_or_default();
+                eprintln!(
+                    "subscription refused: {}",
+                    String::from_utf8_lossy(&status[..status.len().min(100)])
+                );
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
             }
-            carry.extend_from_slice(&buf[..n]);
-            let mut pos = 0;
-            if !head_done {
-                let Some(i) = find(&carry, b"\r\n\r\n") else {
-                    if carry.len() > 64 * 1024 {
-                        shared.refused.fetch_add(1, Ordering::Relaxed);
+            self.head_done = true;
+            drop(self.slot.take());
+            result.ready = true;
+            shared.ready.fetch_add(1, Ordering::Relaxed);
+            pos = i + 4;
+        }
+        scan(shared, &mut self.carry, pos, &mut self.seen, result, stamp, now);
+        true
+    }
+}
+
+/// One subscriber over TLS (`--tls`): the handshake, then the same request
+/// and the same record as [`subscriber`]'s, read from the TLS stream. The
+/// arrival is this generator's read of the decrypted bytes: the kernel's
+/// stamp of an encrypted segment cannot be tied to an update.
+async fn tls_subscriber(
+    shared: Arc<Shared>,
+    src: SocketAddr,
+    mut control: watch::Receiver<Control>,
+) -> SubResult {
+    let mut result = SubResult::default();
+    let Ok(permit) = shared.connect_slots.acquire().await else {
+        return result;
+    };
+    let connector = shared.tls.clone().expect("--tls");
+    let request = shared.request();
+    let go = async {
+        let tcp = connect_from(src, shared.target)
+            .await
+            .map_err(|e| shared.tls_failed("connect", &e))
+            .ok()?;
+        let mut stream = connector
+            .connect(tls::server_name(), tcp)
+            .await
+            .map_err(|e| shared.tls_failed("handshake", &e))
+            .ok()?;
+        stream.write_all(request.as_bytes()).await.ok()?;
+        stream.flush().await.ok()?;
+        Some(stream)
+    };
+    let mut stream = match tokio::time::timeout(Duration::from_secs(30), go).await {
+        Ok(Some(s)) => s,
+        _ => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            return result;
+        }
+    };
+    if shared.negotiated.get().is_none() {
+        let _ = shared.negotiated.set(tls::describe(stream.get_ref().1));
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut reading = Reading::new(Some(permit));
+    let mut was_paused = false;
+    'control: loop {
+        if !until_reading(&mut control, &mut was_paused).await {
+            return result;
+        }
+        let changed = control.changed();
+        tokio::pin!(changed);
+        loop {
+            // tokio-rustls's read is cancel safe: what it decrypted and did
+            // not return stays in the session for the next read.
+            let n = tokio::select! {
+                biased;
+                changed = &mut changed => match changed {
+                    Ok(()) => continue 'control,
+                    Err(_) => return result,
+                },
+                read = stream.read(&mut buf) => match read {
+                    Ok(n) if n > 0 => n,
+                    other => {
+                        if !reading.head_done {
+                            if let Err(e) = other {
+                                shared.tls_failed("read", &e);
+                            }
+                            shared.refused.fetch_add(1, Ordering::Relaxed);
+                        }
                         return result;
                     }
-                    continue;
-                };
-                // "HTTP/1.1 2xx": 200 for the peers, 209 for braid-proxy.
-                if carry.get(9) != Some(&b'2') {
-                    let status = carry.split(|&b| b == b'\r').next().unwrap_or_default();
-                    eprintln!(
-                        "subscription refused: {}",
-                        String::from_utf8_lossy(&status[..status.len().min(100)])
-                    );
-                    shared.refused.fetch_add(1, Ordering::Relaxed);
-                    return result;
-                }
-                head_done = true;
-                drop(slot.take());
-                result.ready = true;
-                shared.ready.fetch_add(1, Ordering::Relaxed);
-                pos = i + 4;
+                },
+            };
+            let now = Instant::now();
+            if !reading.took(&shared, &buf[..n], None, now, was_paused, &mut result) {
+                return result;
             }
-            scan(&shared, &mut carry, pos, &mut seen, &mut result, stamp, now);
         }
     }
 }
@@ -952,17 +1179,8 @@ fn usage(pids: &[u32]) -> Usage {
 /// One HTTP request on a fresh connection; true on a 2xx answer.
 async fn request(addr: SocketAddr, head: &str, body: &[u8]) -> bool {
     let go = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let mut req = format!(
-            "{head}Host: bench\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        req.extend_from_slice(body);
-        s.write_all(&req).await.ok()?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer).await.ok()?;
-        Some(answer.get(9) == Some(&b'2'))
+        let s = TcpStream::connect(addr).await.ok()?;
+        Some(exchange(s, head, body).await)
     };
     tokio::time::timeout(Duration::from_secs(10), go)
         .await
@@ -971,10 +1189,89 @@ async fn request(addr: SocketAddr, head: &str, body: &[u8]) -> bool {
         .unwrap_or(false)
 }
 
-/// Publishes update k (braid-proxy: the origin numbers it).
-async fn publish(a: &Args, server: SocketAddr, k: u64) -> bool {
+/// The publisher's keep-alive HTTP/1.1 connection to braid-proxy's TLS
+/// listener (`--tls`).
+type PublishTls = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Opens the publisher's connection: a TLS handshake, then HTTP/1.1 by
+/// hyper (its connection task spawned).
+async fn tls_publisher(connector: &tokio_rustls::TlsConnector, addr: SocketAddr) -> Option<PublishTls> {
+    let go = async {
+        let tcp = TcpStream::connect(addr).await.ok()?;
+        let _ = tcp.set_nodelay(true);
+        let tls = connector.connect(tls::server_name(), tcp).await.ok()?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .ok()?;
+        tokio::spawn(conn);
+        Some(send)
+    };
+    tokio::time::timeout(Duration::from_secs(10), go)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// One PUT on the publisher's connection; true on a 2xx. The connection
+/// is dropped (made again before the next update) after an error.
+async fn put_over(conn: &mut Option<PublishTls>) -> bool {
+    let Some(send) = conn.as_mut() else {
+        return false;
+    };
+    let go = async {
+        send.ready().await.ok()?;
+        let request = Request::put("/doc")
+            .header("host", "bench")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .expect("request");
+        let response = send.send_request(request).await.ok()?;
+        let ok = response.status().is_success();
+        response.into_body().collect().await.ok()?;
+        Some(ok)
+    };
+    match tokio::time::timeout(Duration::from_secs(10), go).await {
+        Ok(Some(ok)) => ok,
+        _ => {
+            *conn = None;
+            false
+        }
+    }
+}
+
+/// Sends one request (`Connection: close`) on `s` and reads the answer to
+/// its end; true on a 2xx. An error after the status line (a reset) does
+/// not undo the status read.
+async fn exchange<S>(mut s: S, head: &str, body: &[u8]) -> bool
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut req = format!(
+        "{head}Host: bench\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    if s.write_all(&req).await.is_err() || s.flush().await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer).await;
+    answer.get(9) == Some(&b'2')
+}
+
+/// Publishes update k (braid-proxy: the origin numbers it). `tls`: the
+/// publisher's connection to braid-proxy's TLS listener (`--tls`).
+async fn publish(
+    a: &Args,
+    server: SocketAddr,
+    k: u64,
+    tls: Option<&mut Option<PublishTls>>,
+) -> bool {
     match a.system {
-        System::Braid => request(server, "PUT /doc HTTP/1.1\r\n", b"x").await,
+        System::Braid => match tls {
+            Some(conn) => put_over(conn).await,
+            None => request(server, "PUT /doc HTTP/1.1\r\n", b"x").await,
+        },
         System::Nchan | System::Floor => {
             // An h2c-only listener takes no HTTP/1.1 POST: `--publish`
             // names the server's HTTP/1.1 one then.
@@ -1049,19 +1346,37 @@ async fn main() {
         bytes: a.payload,
     }));
     let upstream = origin(a.origin, doc.clone(), a.system == System::Pushpin);
+    // --tls: braid-proxy's certificate made here (removed at the end), a
+    // running server's CA given.
+    let certs_dir = (a.tls && a.system == System::Braid)
+        .then(|| std::env::temp_dir().join(format!("fanout-tls-{}", std::process::id())));
+    let certs = certs_dir
+        .as_ref()
+        .map(|dir| tls::write_certs(dir, tls::KeyKind::EcdsaP256));
+    let connector = a.tls.then(|| {
+        let ca = certs
+            .as_ref()
+            .map(|c| c.ca.clone())
+            .or_else(|| a.tls_ca.as_ref().map(std::path::PathBuf::from));
+        tokio_rustls::TlsConnector::from(tls::client_config(
+            ca.as_deref(),
+            tls::Verify::Full,
+            a.kx,
+        ))
+    });
     let mut child = None;
     // Lives as long as the run: dropped, it kills the shield.
     let mut _shield = None;
     let (target, root) = match a.system {
         System::Braid => {
             let upstream = if a.edge {
-                let (addr, c) = start_proxy(&a, upstream, false).await;
+                let (addr, c) = start_proxy(&a, upstream, false, None).await;
                 _shield = Some(c);
                 addr
             } else {
                 upstream
             };
-            let (addr, c) = start_proxy(&a, upstream, true).await;
+            let (addr, c) = start_proxy(&a, upstream, true, certs.as_ref()).await;
             // `taskset` execs the proxy, so this is the proxy's pid either way.
             let pid = c.id().expect("proxy pid");
             child = Some(c);
@@ -1087,7 +1402,10 @@ async fn main() {
         got_last: AtomicU64::new(0),
         schedule: tokio::sync::OnceCell::new(),
         connect_slots: Semaphore::new(a.inflight),
-        stamps: a.stamps,
+        stamps: a.stamps && !a.tls,
+        tls: connector.clone(),
+        negotiated: std::sync::OnceLock::new(),
+        tls_error_said: std::sync::atomic::AtomicBool::new(false),
     });
     let (control, controlled) = watch::channel(Control::Read);
     let mut h2c = Vec::with_capacity(a.h2c_conns);
@@ -1103,6 +1421,11 @@ async fn main() {
         Some(send) => tokio::spawn(h2c_subscriber(
             shared.clone(),
             send.clone(),
+            controlled.clone(),
+        )),
+        None if a.tls => tokio::spawn(tls_subscriber(
+            shared.clone(),
+            source(i, a.sources),
             controlled.clone(),
         )),
         None => tokio::spawn(subscriber(
@@ -1149,9 +1472,10 @@ async fn main() {
          RSS {} -> {} KiB, {per_sub_kib:.2} KiB each (Pss {per_sub_pss_kib:.2} KiB each)",
         name(a.system),
         a.subs,
-        match a.h2c_conns {
-            0 => String::new(),
-            c => format!(" as streams over {c} h2c connections"),
+        match (a.h2c_conns, shared.negotiated.get()) {
+            (0, None) => String::new(),
+            (0, Some(tls)) => format!(" over TLS ({tls})"),
+            (c, _) => format!(" as streams over {c} h2c connections"),
         },
         shared.refused.load(Ordering::Relaxed),
         subscribed.processes,
@@ -1173,6 +1497,9 @@ async fn main() {
         "pss_per_sub_kib": per_sub_pss_kib,
         "payload": a.payload,
         "h2c_conns": a.h2c_conns,
+        "tls": shared.negotiated.get().cloned(),
+        // Over TLS the latencies "to arrival" are to this generator's read.
+        "latency_to": if a.tls || !a.stamps || a.h2c_conns > 0 { "read" } else { "arrival" },
     });
 
     if a.scenario != Scenario::Idle {
@@ -1201,11 +1528,20 @@ async fn main() {
         // When each publish began after its scheduled time (the timer's
         // lateness), and how long its request took to be answered (µs).
         let (mut late, mut took) = (Vec::new(), Vec::new());
+        let mut put_conn: Option<PublishTls> = None;
         for i in 0..updates {
             let at = start + period.mul_f64(i as f64);
+            // Over TLS, braid-proxy's PUTs go over one keep-alive
+            // connection, (re)made before the scheduled time: a handshake
+            // per PUT would wait behind a busy proxy's sweeps and make the
+            // publisher late.
+            if let (Some(c), System::Braid, None) = (&connector, a.system, &put_conn) {
+                put_conn = tls_publisher(c, target).await;
+            }
             punctual(at).await;
             let began = Instant::now();
-            if !publish(&a, target, first_k + i).await {
+            let tls_put = (a.tls && a.system == System::Braid).then_some(&mut put_conn);
+            if !publish(&a, target, first_k + i, tls_put).await {
                 failed_publishes += 1;
             }
             late.push(began.saturating_duration_since(at).as_micros() as u32);
@@ -1325,15 +1661,23 @@ async fn main() {
                     max_ms(lat)
                 )
             };
-            println!(
-                "latency ms from the scheduled publish to arrival in the socket: {} \
-                 ({unstamped} reads without a kernel stamp)",
-                line(&lat)
-            );
-            println!(
-                "latency ms from the scheduled publish to this generator's read: {}",
-                line(&lat_read)
-            );
+            if a.tls {
+                println!(
+                    "latency ms from the scheduled publish to this generator's read of the \
+                     decrypted update (TLS: no kernel stamp): {}",
+                    line(&lat_read)
+                );
+            } else {
+                println!(
+                    "latency ms from the scheduled publish to arrival in the socket: {} \
+                     ({unstamped} reads without a kernel stamp)",
+                    line(&lat)
+                );
+                println!(
+                    "latency ms from the scheduled publish to this generator's read: {}",
+                    line(&lat_read)
+                );
+            }
             let mut slowest: Vec<(u64, u32, u32)> =
                 per_update.iter().map(|(&k, &(a, b))| (k, a, b)).collect();
             slowest.sort_unstable_by_key(|&(k, _, _)| k);
@@ -1415,6 +1759,9 @@ async fn main() {
         std::fs::write(path, serde_json::to_vec_pretty(&report).expect("json")).expect("--json");
     }
     drop(child);
+    if let Some(dir) = certs_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     if failed {
         eprintln!("failed: nobody subscribed, or nothing was delivered");
         std::process::exit(1);
