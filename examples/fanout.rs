@@ -766,7 +766,15 @@ impl<'a> Reading<'a> {
             shared.ready.fetch_add(1, Ordering::Relaxed);
             pos = i + 4;
         }
-        scan(shared, &mut self.carry, pos, &mut self.seen, result, stamp, now);
+        scan(
+            shared,
+            &mut self.carry,
+            pos,
+            &mut self.seen,
+            result,
+            stamp,
+            now,
+        );
         true
     }
 }
@@ -1195,7 +1203,10 @@ type PublishTls = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 /// Opens the publisher's connection: a TLS handshake, then HTTP/1.1 by
 /// hyper (its connection task spawned).
-async fn tls_publisher(connector: &tokio_rustls::TlsConnector, addr: SocketAddr) -> Option<PublishTls> {
+async fn tls_publisher(
+    connector: &tokio_rustls::TlsConnector,
+    addr: SocketAddr,
+) -> Option<PublishTls> {
     let go = async {
         let tcp = TcpStream::connect(addr).await.ok()?;
         let _ = tcp.set_nodelay(true);
@@ -1358,11 +1369,7 @@ async fn main() {
             .as_ref()
             .map(|c| c.ca.clone())
             .or_else(|| a.tls_ca.as_ref().map(std::path::PathBuf::from));
-        tokio_rustls::TlsConnector::from(tls::client_config(
-            ca.as_deref(),
-            tls::Verify::Full,
-            a.kx,
-        ))
+        tokio_rustls::TlsConnector::from(tls::client_config(ca.as_deref(), tls::Verify::Full, a.kx))
     });
     let mut child = None;
     // Lives as long as the run: dropped, it kills the shield.

@@ -174,8 +174,13 @@ async fn run_loop(shared: Arc<Shared>) -> Vec<Times> {
         let recording = shared.recording.load(Ordering::Relaxed);
         let started = Instant::now();
         let one = async {
-            let socket = TcpSocket::new_v4().map_err(|e| shared.failed("socket", &e)).ok()?;
-            socket.bind(src).map_err(|e| shared.failed("bind", &e)).ok()?;
+            let socket = TcpSocket::new_v4()
+                .map_err(|e| shared.failed("socket", &e))
+                .ok()?;
+            socket
+                .bind(src)
+                .map_err(|e| shared.failed("bind", &e))
+                .ok()?;
             let tcp = socket
                 .connect(shared.target)
                 .await
@@ -216,7 +221,8 @@ async fn run_loop(shared: Arc<Shared>) -> Vec<Times> {
         };
         match tokio::time::timeout(Duration::from_secs(10), one).await {
             Ok(Some((handshake, head))) => {
-                let status = String::from_utf8_lossy(head.get(9..12).unwrap_or(b"---")).into_owned();
+                let status =
+                    String::from_utf8_lossy(head.get(9..12).unwrap_or(b"---")).into_owned();
                 if status.starts_with('2') {
                     shared.done.fetch_add(1, Ordering::Relaxed);
                     if recording {

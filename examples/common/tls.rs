@@ -156,9 +156,7 @@ pub fn client_config(ca: Option<&Path>, verify: Verify, kx: Kx) -> Arc<ClientCon
                     .add(cert.expect("a PEM certificate"))
                     .expect("a CA certificate");
             }
-            builder
-                .with_root_certificates(roots)
-                .with_no_client_auth()
+            builder.with_root_certificates(roots).with_no_client_auth()
         }
         Verify::Off => builder
             .dangerous()
@@ -187,9 +185,9 @@ pub fn describe(conn: &rustls::ClientConnection) -> String {
     let group = conn
         .negotiated_key_exchange_group()
         .map_or("?".to_string(), |g| format!("{:?}", g.name()));
-    let alpn = conn
-        .alpn_protocol()
-        .map_or("no ALPN".to_string(), |p| String::from_utf8_lossy(p).into_owned());
+    let alpn = conn.alpn_protocol().map_or("no ALPN".to_string(), |p| {
+        String::from_utf8_lossy(p).into_owned()
+    });
     format!("{version} {suite} {group} {alpn}")
 }
 
@@ -228,8 +226,6 @@ impl ServerCertVerifier for NoVerify {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

@@ -446,14 +446,10 @@ async fn serve_tls(
         .filter(|p| p.head_len == first.len() && p.request.headers().len() <= max_headers);
     let (stream, first) = match taken {
         Some(parsed) => {
-            let answered = answer_fast(
-                Socket::Tls(Box::new(stream)),
-                parsed,
-                &router,
-                conn_info,
-                &fast,
-                &closing,
-            );
+            // The read-ahead is not kept for the subscription's life.
+            drop(first);
+            let socket = Socket::Tls(Box::new(stream));
+            let answered = answer_fast(socket, parsed, &router, conn_info, &fast, &closing);
             match answered.await {
                 Some(Socket::Tls(back)) => (*back, Bytes::new()),
                 _ => return,
