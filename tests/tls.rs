@@ -1049,3 +1049,42 @@ async fn a_tls_connection_serves_requests_before_and_after_the_fast_path() {
     sender.ready().await.expect("the connection stays open");
     get_doc(&mut sender).await;
 }
+
+/// A parked TLS subscriber still gets its heartbeats (its task takes it
+/// back from the sweep for each and writes it through the session), and
+/// the updates after them.
+#[tokio::test]
+async fn a_parked_tls_subscriber_keeps_its_heartbeats() {
+    let ca = Ca::new("heartbeat CA");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("heartbeat"), "v1").await;
+    let roots = [ca.der()];
+    let conn = connect(proxy.addr, client_config(&roots, &[b"http/1.1"], None))
+        .await
+        .expect("TLS");
+    let headers = [("subscribe", "true"), ("heartbeats", "100ms")];
+    let response = send(conn, "/doc", &headers).await.expect("response");
+    assert_eq!(response.status().as_u16(), 209, "{response:?}");
+    let mut body = response.into_body();
+    let mut beats = 0;
+    let mut parked = false;
+    let counted = async {
+        while beats < 3 || !parked {
+            let frame = body.frame().await.expect("open").expect("frame");
+            if frame.data_ref().is_some_and(|d| d.as_ref() == b"\r\n") {
+                beats += 1;
+            }
+            parked =
+                parked || common::wire::metric(proxy.admin, "subscriptions_parked").await == 1.0;
+        }
+    };
+    tokio::time::timeout(WAIT, counted)
+        .await
+        .expect("three heartbeats while parked");
+    origin.set("/doc", "v2");
+    proxy.refresh("/doc").await;
+    let mut stream = Stream {
+        body,
+        seen: Vec::new(),
+    };
+    stream.until("\"e2\"").await;
+}
