@@ -41,8 +41,6 @@ import json
 import os
 import resource
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +50,8 @@ from contextlib import nullcontext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from peers import stop, wait_port  # noqa: E402  (the same servers' lifecycle)
 BRAID_PORT, NGINX_PORT, NOWHERE_PORT = 18443, 18444, 18449
 PATH = '/.well-known/braid-proxy/purges'
 # braid-proxy's answer to a plain GET of the purge feed, which nginx sends too.
@@ -85,32 +85,6 @@ LABEL = {'braid': 'braid-proxy', 'nginx': 'nginx'}
 def fail(msg):
     print(f'tls.py: {msg}', file=sys.stderr)
     sys.exit(1)
-
-
-def wait_port(port, timeout=15.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            socket.create_connection(('127.0.0.1', port), timeout=0.5).close()
-            return True
-        except OSError:
-            time.sleep(0.1)
-    return False
-
-
-def stop(p):
-    """Ends a server this script started: its own process group, by id."""
-    if p is None or p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=10)
 
 
 def start_braid(bin_dir, workdir, certs, braid_args):

@@ -103,8 +103,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interes
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
+#[path = "common/procs.rs"]
+mod procs;
 #[path = "common/tls.rs"]
 mod tls;
+
+use procs::{percentile, process_tree, usage};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum System {
@@ -1105,85 +1109,6 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     None
 }
 
-/// The process `root` and all its descendants, from /proc.
-fn process_tree(root: u32) -> Vec<u32> {
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u32>().ok());
-            if let Some(ppid) = ppid {
-                children.entry(ppid).or_default().push(pid);
-            }
-        }
-    }
-    let mut out = vec![root];
-    let mut i = 0;
-    while i < out.len() && out.len() < 1000 {
-        if let Some(c) = children.get(&out[i]) {
-            out.extend(c);
-        }
-        i += 1;
-    }
-    out
-}
-
-/// CPU seconds, VmRSS, VmHWM and Pss (KiB), summed over processes.
-#[derive(Clone, Copy, Default, Debug)]
-struct Usage {
-    cpu: f64,
-    rss: u64,
-    hwm: u64,
-    pss: u64,
-    processes: usize,
-}
-
-fn status_field(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn usage(pids: &[u32]) -> Usage {
-    let mut u = Usage::default();
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        if fields.is_empty() {
-            continue;
-        }
-        u.processes += 1;
-        // After the command: utime and stime are fields 14 and 15 (1-based), in ticks of 1/100 s.
-        let ticks: u64 = [11, 12]
-            .iter()
-            .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
-            .sum();
-        u.cpu += ticks as f64 / 100.0;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        u.rss += status_field(&status, "VmRSS:");
-        u.hwm += status_field(&status, "VmHWM:");
-        let rollup =
-            std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-        u.pss += status_field(&rollup, "Pss:");
-    }
-    u
-}
-
 /// One HTTP request on a fresh connection; true on a 2xx answer.
 async fn request(addr: SocketAddr, head: &str, body: &[u8]) -> bool {
     let go = async {
@@ -1309,14 +1234,6 @@ async fn publish(
 /// The largest of the sorted latencies (µs), in ms.
 fn max_ms(sorted: &[u32]) -> f64 {
     sorted.last().map_or(f64::NAN, |m| f64::from(*m) / 1000.0)
-}
-
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
-    f64::from(sorted[i]) / 1000.0
 }
 
 /// Waits until `at`, to within a few µs. tokio's timer has a granularity

@@ -37,8 +37,12 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 
+#[path = "common/procs.rs"]
+mod procs;
 #[path = "common/tls.rs"]
 mod tls;
+
+use procs::{percentile, process_tree, usage};
 
 const USAGE: &str = "\
 usage: handshakes --target ADDR --server-pid PID [--tls-ca FILE | --verify off]
@@ -246,67 +250,6 @@ async fn run_loop(shared: Arc<Shared>) -> Vec<Times> {
     times
 }
 
-/// The process `root` and all its descendants, from /proc.
-fn process_tree(root: u32) -> Vec<u32> {
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u32>().ok());
-            if let Some(ppid) = ppid {
-                children.entry(ppid).or_default().push(pid);
-            }
-        }
-    }
-    let mut out = vec![root];
-    let mut i = 0;
-    while i < out.len() && out.len() < 1000 {
-        if let Some(c) = children.get(&out[i]) {
-            out.extend(c);
-        }
-        i += 1;
-    }
-    out
-}
-
-/// CPU seconds (utime+stime) summed over processes, from /proc.
-fn cpu_secs(pids: &[u32]) -> f64 {
-    let ticks = 100.0; // USER_HZ
-    pids.iter()
-        .map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .map(|(_, rest)| rest.split_whitespace().collect())
-                .unwrap_or_default();
-            // utime and stime: fields 14 and 15 (1-based), 12 and 13 after the command.
-            [11, 12]
-                .iter()
-                .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
-                .sum::<u64>() as f64
-                / ticks
-        })
-        .sum()
-}
-
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
-    f64::from(sorted[i]) / 1000.0
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = args();
@@ -342,14 +285,14 @@ async fn main() {
         shared.done.load(Ordering::Relaxed),
         shared.failed.load(Ordering::Relaxed),
     );
-    let (server0, own0, t0) = (cpu_secs(&pids), cpu_secs(&me), Instant::now());
+    let (server0, own0, t0) = (usage(&pids).cpu, usage(&me).cpu, Instant::now());
     shared.recording.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(a.secs)).await;
     let (done1, failed1) = (
         shared.done.load(Ordering::Relaxed),
         shared.failed.load(Ordering::Relaxed),
     );
-    let (server1, own1, wall) = (cpu_secs(&pids), cpu_secs(&me), t0.elapsed().as_secs_f64());
+    let (server1, own1, wall) = (usage(&pids).cpu, usage(&me).cpu, t0.elapsed().as_secs_f64());
     shared.recording.store(false, Ordering::Relaxed);
     shared.stop.store(true, Ordering::Relaxed);
 
