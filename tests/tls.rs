@@ -106,12 +106,28 @@ impl Issued {
     }
 }
 
-/// A fresh directory for one test's PEM files.
-fn scratch(test: &str) -> PathBuf {
+/// A fresh directory for one test's PEM files, removed when the test is done
+/// with it (also when it fails), so that runs leave nothing in the temp dir.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(test: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("braid-proxy-tls-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch directory");
-    dir
+    Scratch(dir)
 }
 
 fn write_ca(ca: &Ca, dir: &Path, name: &str) -> PathBuf {
@@ -346,7 +362,8 @@ async fn tls_proxy(ca: &Ca, dir: &Path, body: &str) -> (Origin, Proxy, PathBuf, 
 #[tokio::test]
 async fn subscriptions_over_h2_and_http1_on_a_tls_listener() {
     let ca = Ca::new("listener CA");
-    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("listener"), "first").await;
+    let dir = scratch("listener");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &dir, "first").await;
     let addr = proxy.addr;
 
     let roots = [ca.der()];
@@ -896,7 +913,8 @@ async fn subscribe_through_hyper(tls: Tls, path: &str) -> Stream {
 #[tokio::test]
 async fn http1_subscriptions_over_tls_park_and_are_swept() {
     let ca = Ca::new("sweep CA");
-    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("sweep"), "v1").await;
+    let dir = scratch("sweep");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &dir, "v1").await;
     let roots = [ca.der()];
     let h1 = client_config(&roots, &[b"http/1.1"], None);
     let mut parked = Vec::new();
@@ -951,7 +969,8 @@ async fn http1_subscriptions_over_tls_park_and_are_swept() {
 #[tokio::test]
 async fn a_stalled_tls_subscriber_catches_up_and_never_goes_back() {
     let ca = Ca::new("stall CA");
-    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("stall"), "v1").await;
+    let dir = scratch("stall");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &dir, "v1").await;
     let roots = [ca.der()];
     let h1 = client_config(&roots, &[b"http/1.1"], None);
     let conn = connect(proxy.addr, h1.clone()).await.expect("TLS");
@@ -997,7 +1016,8 @@ async fn a_stalled_tls_subscriber_catches_up_and_never_goes_back() {
 #[tokio::test]
 async fn a_tls_connection_serves_requests_before_and_after_the_fast_path() {
     let ca = Ca::new("replay CA");
-    let (_origin, proxy, _, _) = tls_proxy(&ca, &scratch("replay"), "plain").await;
+    let dir = scratch("replay");
+    let (_origin, proxy, _, _) = tls_proxy(&ca, &dir, "plain").await;
     let roots = [ca.der()];
     let h1 = client_config(&roots, &[b"http/1.1"], None);
 
@@ -1056,7 +1076,8 @@ async fn a_tls_connection_serves_requests_before_and_after_the_fast_path() {
 #[tokio::test]
 async fn a_parked_tls_subscriber_keeps_its_heartbeats() {
     let ca = Ca::new("heartbeat CA");
-    let (origin, proxy, _, _) = tls_proxy(&ca, &scratch("heartbeat"), "v1").await;
+    let dir = scratch("heartbeat");
+    let (origin, proxy, _, _) = tls_proxy(&ca, &dir, "v1").await;
     let roots = [ca.der()];
     let conn = connect(proxy.addr, client_config(&roots, &[b"http/1.1"], None))
         .await
