@@ -203,9 +203,9 @@ async fn run(
             say!("braid-proxy admin listening on http://{admin}");
         }
         if demo {
-            say!("demo origin (plain REST) started; open http://{addr}/ in a browser, or try:");
-            say!("  curl -N -H 'Subscribe: true' http://{addr}/clock");
-            say!("  curl -X PUT --data 'new text' http://{addr}/notes.txt");
+            say!("demo origin (plain REST) started; open {scheme}://{addr}/ in a browser, or try:");
+            say!("  curl -N -H 'Subscribe: true' {scheme}://{addr}/clock");
+            say!("  curl -X PUT --data 'new text' {scheme}://{addr}/notes.txt");
         } else if let Some(upstream) = &config.upstream {
             say!("proxying {upstream}");
         }

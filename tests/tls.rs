@@ -390,9 +390,47 @@ async fn subscriptions_over_h2_and_http1_on_a_tls_listener() {
         stream.until("\"e2\"").await;
     }
 
-    // Plain HTTP on the TLS port is not served.
-    let plain = common::exchange(addr, "GET /doc HTTP/1.1\r\nHost: a\r\n\r\n".into()).await;
-    assert!(!plain.contains("first"), "{plain}");
+    // Plain HTTP on the TLS port is not served: a readable 400 with its
+    // reason (a TLS alert would show as garbage), and the connection closed.
+    for request in [
+        "GET /doc HTTP/1.1\r\nHost: a\r\n\r\n",
+        "GET /doc HTTP/1.1\r\nHost: a\r\nSubscribe: true\r\n\r\n",
+        "PUT /doc HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+    ] {
+        let plain = common::exchange(addr, request.into()).await;
+        assert!(plain.starts_with("HTTP/1.1 400 "), "{plain}");
+        assert!(
+            plain.ends_with("\r\n\r\nthis port speaks HTTPS: the request was sent as plain HTTP\n"),
+            "{plain}"
+        );
+        assert!(!plain.contains("first"), "{plain}");
+    }
+    // Bytes that are neither TLS nor HTTP get no HTTP answer (at most a TLS
+    // alert, or a reset), and the connection is closed.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream
+            .write_all(b"\0\0\0\0 not a request\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out));
+        assert!(read.await.is_ok(), "the connection was not closed");
+        assert!(
+            !out.starts_with(b"HTTP/"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+    // The listener still serves TLS afterwards, and the PUT changed nothing.
+    let h1 = connect(addr, client_config(&roots, &[b"http/1.1"], None))
+        .await
+        .expect("TLS");
+    subscribe(h1, "/doc", Version::HTTP_11)
+        .await
+        .until("second")
+        .await;
 }
 
 /// A proxy in front of the HTTPS origin at `origin`, named `host` in

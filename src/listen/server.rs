@@ -418,8 +418,26 @@ async fn serve_tls(
 ) {
     let peer = conn_info.peer;
     let timeout = builder.header_read_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    // A TLS record starts with its content type (20 to 24); a plain HTTP/1.1
+    // request with its method's first letter. That one gets a readable 400
+    // rather than a TLS alert, which clients show as garbage ("HTTP/0.9").
+    let mut first = [0u8; 1];
+    let peeked = tokio::select! {
+        peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)) => peeked,
+        _ = closing.wait_for(|closing| *closing) => return,
+    };
+    match peeked {
+        Ok(Ok(0)) => return,
+        Ok(Ok(_)) if first[0].is_ascii_uppercase() => {
+            return refuse_plain_http(stream, peer, router.config().max_header_bytes).await
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a handshake"),
+        Err(_) => return debug!(%peer, "no TLS handshake within the header-read timeout"),
+    }
     let accepted = tokio::select! {
-        accepted = tokio::time::timeout(timeout, tls.accept(stream)) => accepted,
+        accepted = tokio::time::timeout_at(deadline, tls.accept(stream)) => accepted,
         _ = closing.wait_for(|closing| *closing) => return,
     };
     let stream = match accepted {
@@ -459,6 +477,45 @@ async fn serve_tls(
     };
     let stream = Replay::new(first, stream);
     serve_hyper(stream, false, router, conn_info, &builder, watcher, closing).await
+}
+
+/// The answer to plain HTTP on a TLS listener, as one line of text.
+const PLAIN_HTTP_ON_TLS: &str = "this port speaks HTTPS: the request was sent as plain HTTP\n";
+
+/// Answers a plain HTTP request sent to a TLS listener with 400 and a
+/// one-line reason, then closes. What the client sent (up to a request
+/// head's bound) is read first and the rest drained for a moment after the
+/// answer, so that closing with unread bytes does not reset the connection
+/// before the client has read the answer. Bounded in bytes and time.
+async fn refuse_plain_http(mut stream: TcpStream, peer: SocketAddr, max_head: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    debug!(%peer, "plain HTTP on the TLS listener: 400");
+    let linger = Duration::from_secs(1);
+    // On the heap: in the future it would size every TLS connection's task.
+    let mut buf = vec![0u8; 4096];
+    let _ = tokio::time::timeout(linger, stream.read(&mut buf)).await;
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{PLAIN_HTTP_ON_TLS}",
+        PLAIN_HTTP_ON_TLS.len()
+    );
+    if tokio::time::timeout(linger, stream.write_all(answer.as_bytes()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut left = max_head.max(buf.len());
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(linger, drain).await;
 }
 
 /// Serves a connection (TCP, or TLS after its handshake) with hyper:
