@@ -48,7 +48,7 @@ import tempfile
 import time
 
 from harness import (CHILDREN, HarnessError, StreamEnded, die_with_parent,
-                     kill_children, now, reap)
+                     kill_children, now, read_request, reap)
 
 RESOURCES = {"/a.txt": "a", "/b.txt": "b"}  # path -> version prefix
 SETTLE = 10.0  # seconds after the last fault within which everyone is current
@@ -127,18 +127,10 @@ class Origin:
     async def serve(self, reader, writer):
         try:
             while True:
-                try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
-                except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+                request = await read_request(reader, IO)
+                if request is None:
                     return
-                lines = head.decode("latin-1").split("\r\n")
-                method, target = lines[0].split(" ")[:2]
-                headers = {}
-                for line in lines[1:]:
-                    if ":" in line:
-                        k, _, v = line.partition(":")
-                        headers[k.strip().lower()] = v.strip()
-                body = await asyncio.wait_for(read_body(reader, headers), IO)
+                method, target, headers, body = request
                 self.requests[f"{method} {self.mode}"] += 1
                 if self.mode == "hang":
                     # Accepted and read, never answered: the connection is
@@ -193,20 +185,6 @@ def response(status, body, headers, length=None):
     if status not in (204, 304):
         out.append(f"Content-Length: {len(body) if length is None else length}")
     return ("\r\n".join(out) + "\r\n\r\n").encode() + body
-
-
-async def read_body(reader, headers):
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        out = bytearray()
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass
-                return bytes(out)
-            out += (await reader.readexactly(size + 2))[:-2]
-    n = int(headers.get("content-length", "0") or 0)
-    return await reader.readexactly(n) if n else b""
 
 
 # ---------------------------------------------------------------- the tiers

@@ -60,7 +60,7 @@ import tempfile
 import time
 
 from harness import (CHILDREN, HarnessError, StreamEnded, die_with_parent,
-                     kill_children, now, reap)
+                     kill_children, now, read_request, reap)
 
 PATH = "/doc.txt"
 IO = 5.0  # connect, request head, an answer
@@ -111,19 +111,10 @@ class Origin:
     async def serve(self, reader, writer):
         try:
             while True:
-                try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
-                except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+                request = await read_request(reader, IO)
+                if request is None:
                     return
-                lines = head.decode("latin-1").split("\r\n")
-                method, target = lines[0].split(" ")[:2]
-                headers = {}
-                for line in lines[1:]:
-                    name, colon, value = line.partition(":")
-                    if colon:
-                        headers[name.strip().lower()] = value.strip()
-                length = int(headers.get("content-length", "0") or 0)
-                body = await asyncio.wait_for(reader.readexactly(length), IO) if length else b""
+                method, target, headers, body = request
                 self.requests[method] += 1
                 writer.write(self.answer(method, target.split("?")[0], headers, body))
                 await asyncio.wait_for(writer.drain(), IO)

@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,22 +29,24 @@ const WAIT: Duration = Duration::from_secs(10);
 /// one (tests/tiers_host.rs keeps different hosts apart).
 const PUBLIC_HOST: &str = "docs.example";
 
-/// A plain REST origin: path → (body, n), ETag `"eN"`. Records every
-/// request's path and `Via`.
+/// The tests' plain origin (tests/common/origin.rs), which also records
+/// every request's path and `Via`, and stores a numbered text on a PUT
+/// (whose body it does not read).
 #[derive(Clone, Default)]
 struct Origin {
-    docs: Arc<Mutex<HashMap<String, (Bytes, u64)>>>,
+    inner: common::origin::Origin,
     requests: Arc<Mutex<Vec<(String, String)>>>,
-    gets: Arc<AtomicUsize>,
 }
 
 impl Origin {
     /// Stores a new version of `path`; returns its ETag value.
     fn set(&self, path: &str, body: impl Into<Bytes>) -> String {
-        let mut docs = self.docs.lock().expect("lock");
-        let n = docs.get(path).map_or(1, |(_, n)| n + 1);
-        docs.insert(path.to_string(), (body.into(), n));
-        format!("e{n}")
+        self.inner.set(path, body)
+    }
+
+    /// Requests answered so far.
+    fn gets(&self) -> usize {
+        self.inner.gets.load(Ordering::SeqCst)
     }
 
     async fn start(&self) -> SocketAddr {
@@ -54,59 +55,26 @@ impl Origin {
     }
 
     fn answer(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
         let via = req
             .headers()
             .get("via")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        let path = req.uri().path().to_string();
         self.requests
             .lock()
             .expect("lock")
-            .push((req.uri().path().to_string(), via));
-        if req.method() == http::Method::PUT {
-            // The body sent is not read: a PUT stores a numbered text.
-            let n = self
-                .docs
-                .lock()
-                .expect("lock")
-                .get(req.uri().path())
-                .map_or(0, |(_, n)| *n);
-            self.set(req.uri().path(), format!("written by PUT {n}\n"));
-            return Response::builder()
-                .status(204)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
+            .push((path.clone(), via));
+        if req.method() != http::Method::PUT {
+            return self.inner.answer(req);
         }
-        let doc = self
-            .docs
-            .lock()
-            .expect("lock")
-            .get(req.uri().path())
-            .cloned();
-        let Some((body, n)) = doc else {
-            return Response::builder()
-                .status(404)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        };
-        let etag = format!("\"e{n}\"");
-        let matches = req
-            .headers()
-            .get("if-none-match")
-            .and_then(|v| v.to_str().ok())
-            == Some(etag.as_str());
-        let builder = Response::builder().header("etag", etag);
-        if matches {
-            return builder
-                .status(304)
-                .body(Full::new(Bytes::new()))
-                .expect("response");
-        }
-        builder
-            .header("content-type", "text/plain")
-            .body(Full::new(body))
+        self.inner.gets.fetch_add(1, Ordering::SeqCst);
+        let n = self.inner.version(&path);
+        self.set(&path, format!("written by PUT {n}\n"));
+        Response::builder()
+            .status(204)
+            .body(Full::new(Bytes::new()))
             .expect("response")
     }
 }
@@ -335,9 +303,9 @@ async fn three_tiers_share_versions_and_the_origin_sees_only_the_shield() {
         held.push(stay.await.expect("subscriber").1);
     }
     // The origin's load: only the shield, about one poll per interval.
-    let before = origin.gets.load(Ordering::SeqCst);
+    let before = origin.gets();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let polls = origin.gets.load(Ordering::SeqCst) - before;
+    let polls = origin.gets() - before;
     assert!(
         (3..=14).contains(&polls),
         "expected about 10 polls in 1 s at a 100 ms interval, got {polls}"
@@ -552,7 +520,7 @@ async fn a_write_through_an_edge_is_in_the_edges_next_get() {
         assert_eq!(response.status().as_u16(), 204);
         let (status, body) = plain_get(edge.addr, "/doc").await;
         assert_eq!(status, 200);
-        let expected = origin.docs.lock().expect("lock")["/doc"].0.clone();
+        let expected = origin.inner.body("/doc").expect("/doc");
         assert_eq!(body.as_bytes(), &expected[..], "round {round}");
     }
 }

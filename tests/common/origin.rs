@@ -35,11 +35,25 @@ impl Origin {
         }
     }
 
-    /// Stores `body` at `path` under the next ETag.
-    pub fn set(&self, path: &str, body: impl Into<Bytes>) {
+    /// Stores `body` at `path` under the next ETag; returns its value
+    /// (`e<n>`, without quotes).
+    pub fn set(&self, path: &str, body: impl Into<Bytes>) -> String {
         let mut docs = self.docs.lock().expect("lock");
         let n = docs.get(path).map_or(1, |(_, n)| n + 1);
         docs.insert(path.to_string(), (body.into(), n));
+        format!("e{n}")
+    }
+
+    /// The number of `path`'s current version (its ETag's), 0 if none.
+    pub fn version(&self, path: &str) -> u64 {
+        let docs = self.docs.lock().expect("lock");
+        docs.get(path).map_or(0, |(_, n)| *n)
+    }
+
+    /// The body stored at `path` now, if any.
+    pub fn body(&self, path: &str) -> Option<Bytes> {
+        let docs = self.docs.lock().expect("lock");
+        docs.get(path).map(|(body, _)| body.clone())
     }
 
     /// As [`Origin::set`], the 200s answering `path` listing `tag` in
