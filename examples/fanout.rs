@@ -47,10 +47,16 @@
 //! `--h2c-conns C` carries the subscribers as streams over C prior-knowledge
 //! h2c connections instead (braid-proxy, or Nchan behind nginx's `http2`
 //! listener, with `--publish` naming its HTTP/1.1 one for the POSTs): the
-//! arrival is then this generator's read of each DATA frame.
+//! arrival is then this generator's read of each DATA frame. With `--tls`
+//! the connections are h2 by ALPN over TLS; with C equal to `--subs` each
+//! subscriber (the warm-up ones too) is the one stream of its own
+//! connection, as a browser tab subscribing over HTTPS is. The connections
+//! are made (`--inflight` at a time) before the baseline, so the RSS per
+//! subscription is then a stream's, without its connection's.
 //!
 //! `--tls` makes every subscriber connection a TLS one (rustls with the
-//! aws-lc-rs provider, ALPN `http/1.1` only, no session resumption, the
+//! aws-lc-rs provider, ALPN `http/1.1` only (`h2` only with
+//! `--h2c-conns`), no session resumption, the
 //! certificate verified against a CA; `examples/common/tls.rs`), then
 //! subscribes over it as before. For `--system braid` the program makes a
 //! CA and a server certificate for `localhost`/127.0.0.1 in a temporary
@@ -93,6 +99,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use futures_util::stream::{self, StreamExt};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -322,10 +329,6 @@ fn args() -> Args {
         assert!(a.h2c_conns <= a.subs.max(1), "--h2c-conns at most --subs");
     }
     if a.tls {
-        assert!(
-            a.h2c_conns == 0,
-            "--tls: HTTP/1.1 subscribers over TLS (not with --h2c-conns)"
-        );
         assert!(
             matches!(a.system, System::Braid | System::Nchan),
             "--tls: braid-proxy and Nchan (nginx's ssl listener)"
@@ -936,15 +939,32 @@ fn marker(system: System) -> (&'static [u8], u8) {
     }
 }
 
-/// One prior-knowledge h2c connection from `src` (its connection task
-/// spawned), for `--h2c-conns`: the subscribers share these as streams.
-async fn h2c_connect(src: SocketAddr, target: SocketAddr) -> Option<H2Send> {
+/// One HTTP/2 connection from `src` (its connection task spawned), for
+/// `--h2c-conns`: the subscribers share these as streams. Prior-knowledge
+/// h2c, or h2 by ALPN over TLS when `tls` is given (`--tls`); then the
+/// session's parameters are recorded once in `negotiated`.
+async fn h2_connect(
+    src: SocketAddr,
+    target: SocketAddr,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    negotiated: &std::sync::OnceLock<String>,
+) -> Option<H2Send> {
     let go = async {
         let tcp = connect_from(src, target).await.ok()?;
-        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .handshake(TokioIo::new(tcp))
-            .await
-            .ok()?;
+        let builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        let Some(connector) = tls else {
+            let (send, conn) = builder.handshake(TokioIo::new(tcp)).await.ok()?;
+            tokio::spawn(conn);
+            return Some(send);
+        };
+        let stream = connector.connect(tls::server_name(), tcp).await.ok()?;
+        let session = stream.get_ref().1;
+        if session.alpn_protocol() != Some(b"h2") {
+            eprintln!("--tls --h2c-conns: the server did not choose h2 by ALPN");
+            return None;
+        }
+        let _ = negotiated.set(tls::describe(session));
+        let (send, conn) = builder.handshake(TokioIo::new(stream)).await.ok()?;
         tokio::spawn(conn);
         Some(send)
     };
@@ -955,6 +975,14 @@ async fn h2c_connect(src: SocketAddr, target: SocketAddr) -> Option<H2Send> {
 }
 
 type H2Send = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+/// The TLS connector of `--tls --h2c-conns`: `tls`'s configuration
+/// offering only `h2` by ALPN.
+fn h2_connector(tls: &tokio_rustls::TlsConnector) -> tokio_rustls::TlsConnector {
+    let mut config = (**tls.config()).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
 
 /// One subscriber carried as a stream of a shared h2c connection: the same
 /// request and the same record as [`subscriber`]'s, but the arrival is this
@@ -969,7 +997,12 @@ async fn h2c_subscriber(
     let Ok(permit) = shared.connect_slots.acquire().await else {
         return result;
     };
-    let mut request = Request::get(format!("http://bench{}", shared.path));
+    let scheme = if shared.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut request = Request::get(format!("{scheme}://bench{}", shared.path));
     if shared.system == System::Braid {
         request = request.header("subscribe", "true");
     }
@@ -1332,12 +1365,46 @@ async fn main() {
         tls_error_said: std::sync::atomic::AtomicBool::new(false),
     });
     let (control, controlled) = watch::channel(Control::Read);
-    let mut h2c = Vec::with_capacity(a.h2c_conns);
-    for j in 0..a.h2c_conns {
-        match h2c_connect(source(j, a.sources), target).await {
-            Some(send) => h2c.push(send),
-            None => panic!("h2c connection {j} to {target} failed"),
-        }
+    // Subscribers made before the baseline (below).
+    const WARM: usize = 10;
+    // The HTTP/2 connections, --inflight at a time (over TLS each is a
+    // handshake), before the baseline: with them, the RSS per subscription
+    // is a stream's, without its connection's.
+    // With as many connections as subscribers, each (the warm ones too)
+    // is the one stream of its own connection.
+    let conns = if a.h2c_conns == a.subs {
+        a.subs + WARM
+    } else {
+        a.h2c_conns
+    };
+    let unconnected = usage(&pids);
+    let h2_tls = a
+        .tls
+        .then(|| h2_connector(connector.as_ref().expect("--tls")));
+    let h2c: Vec<H2Send> = stream::iter(0..conns)
+        .map(|j| {
+            let (tls, negotiated) = (h2_tls.as_ref(), &shared.negotiated);
+            async move {
+                match h2_connect(source(j, a.sources), target, tls, negotiated).await {
+                    Some(send) => send,
+                    None => panic!("HTTP/2 connection {j} to {target} failed"),
+                }
+            }
+        })
+        .buffered(a.inflight)
+        .collect()
+        .await;
+    if conns > 0 {
+        // Settled: the server has seen every connection's SETTINGS.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let connected = usage(&pids);
+        println!(
+            "{conns} HTTP/2 connections{}: RSS {} -> {} KiB, {:.2} KiB each",
+            if a.tls { " over TLS" } else { "" },
+            unconnected.rss,
+            connected.rss,
+            (connected.rss as f64 - unconnected.rss as f64) / conns as f64
+        );
     }
     // Subscriber i: a socket of its own, or a stream of h2c connection
     // i mod --h2c-conns.
@@ -1361,7 +1428,6 @@ async fn main() {
 
     // A few subscriptions first, so that the resource (or channel) exists
     // before the baseline is taken.
-    const WARM: usize = 10;
     let mut warm: Vec<tokio::task::JoinHandle<SubResult>> = Vec::new();
     for i in 0..WARM {
         warm.push(spawn(i));
@@ -1399,7 +1465,8 @@ async fn main() {
         match (a.h2c_conns, shared.negotiated.get()) {
             (0, None) => String::new(),
             (0, Some(tls)) => format!(" over TLS ({tls})"),
-            (c, _) => format!(" as streams over {c} h2c connections"),
+            (c, None) => format!(" as streams over {c} h2c connections"),
+            (c, Some(tls)) => format!(" as streams over {c} TLS connections ({tls})"),
         },
         shared.refused.load(Ordering::Relaxed),
         subscribed.processes,

@@ -700,16 +700,42 @@ async fn a_tls_file_that_does_not_load_is_a_startup_error_naming_it() {
     )
     .expect("write");
 
-    // (what is wrong, the key set to the file, the file)
+    // A passphrase-protected key (the PEM label is what tells it; the
+    // body is not read).
+    let encrypted = dir.join("encrypted-key.pem");
+    std::fs::write(
+        &encrypted,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .expect("write");
+
+    // (what is wrong, the key set to the file, the file, words the error says)
     let cases = [
-        ("missing cert", "tls-cert", &missing),
-        ("missing key", "tls-key", &missing),
-        ("garbage cert", "tls-cert", &garbage),
-        ("a key of another certificate", "tls-key", &other_key),
-        ("key as cert", "tls-cert", &key),
-        ("missing client CA", "tls-client-ca", &missing),
+        ("missing cert", "tls-cert", &missing, "cannot read it"),
+        ("missing key", "tls-key", &missing, "cannot read it"),
+        ("garbage cert", "tls-cert", &garbage, "not valid PEM"),
+        (
+            "a key of another certificate",
+            "tls-key",
+            &other_key,
+            "not usable with",
+        ),
+        ("key as cert", "tls-cert", &key, "no CERTIFICATE"),
+        ("cert as key", "tls-key", &cert, "no private key in it"),
+        (
+            "encrypted key",
+            "tls-key",
+            &encrypted,
+            "the private key is encrypted",
+        ),
+        (
+            "missing client CA",
+            "tls-client-ca",
+            &missing,
+            "cannot read it",
+        ),
     ];
-    for (case, flag, named) in cases {
+    for (case, flag, named, says) in cases {
         let mut config = config_for("http://127.0.0.1:9");
         config.tls_cert = Some(cert.clone());
         config.tls_key = Some(key.clone());
@@ -724,6 +750,7 @@ async fn a_tls_file_that_does_not_load_is_a_startup_error_naming_it() {
             error.contains(&named.display().to_string()),
             "{case}: {error}"
         );
+        assert!(error.contains(says), "{case}: {error}");
     }
     let mut config = config_for("https://localhost:9");
     config.upstream_ca = Some(missing.clone());

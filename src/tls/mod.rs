@@ -48,7 +48,31 @@ pub fn read_certs(flag: &str, path: &Path) -> Result<Vec<CertificateDer<'static>
 
 /// The first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn read_key(flag: &str, path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| unusable(flag, path, pem_error(e)))
+    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+        let reason = match e {
+            rustls_pki_types::pem::Error::NoItemsFound if holds_encrypted_key(path) => {
+                "the private key is encrypted (a passphrase is not supported): \
+                 write it out unencrypted, readable only by the proxy's user \
+                 (openssl pkey -in FILE -out FILE.key)"
+                    .to_string()
+            }
+            rustls_pki_types::pem::Error::NoItemsFound => {
+                "no private key in it (PKCS#8, PKCS#1 RSA or SEC1 EC, PEM)".to_string()
+            }
+            other => pem_error(other),
+        };
+        unusable(flag, path, reason)
+    })
+}
+
+/// Whether a PEM file holds a passphrase-protected key: PKCS#8's
+/// `ENCRYPTED PRIVATE KEY`, or OpenSSL's older `Proc-Type: 4,ENCRYPTED`.
+fn holds_encrypted_key(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|pem| {
+        let text = String::from_utf8_lossy(&pem);
+        text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+            || text.contains("Proc-Type: 4,ENCRYPTED")
+    })
 }
 
 /// The certificates of a PEM file as trust anchors.
