@@ -5,6 +5,7 @@
     python3 bench/tls.py                         # 3 rounds of 10 s each, about 1.5 minutes
     python3 bench/tls.py --rounds 1 --secs 3     # a quick look
     python3 bench/tls.py --kx x25519,default     # also with rustls's default groups (X25519MLKEM768)
+    python3 bench/tls.py --resume                # returning clients: sessions resumed by ticket
 
 Installs nothing (nginx is the Debian package; no module needed). Makes a
 CA and a server certificate for localhost/127.0.0.1 (`fanout --write-certs`,
@@ -31,6 +32,11 @@ under about 90% was not the bottleneck: the generator was), the handshake
 time p50/p99, and what was negotiated. `--verify off` (the default) spares
 the generator the certificate's verification so that one core of client
 can keep the server's core busy; the server's work is the same.
+
+--resume measures returning clients instead: the generator keeps the
+tickets both servers issue (nginx and braid-proxy both do by default)
+and resumes with them; the report counts the
+connections that resumed (`resumed` in the JSON, a row in the table).
 
 Writes into --out (default bench/results/tls-handshakes): one JSON per run
 (<system>-<kx>-<round>.json), table.md (the medians over the rounds and the
@@ -128,7 +134,7 @@ def run(system, kx, rnd, args, bin_dir, out_dir, workdir, certs):
            '--server-pid', str(server.pid), '--tls-ca', certs['ca'], '--verify', args.verify,
            '--kx', kx, '--conns', str(args.conns), '--secs', str(args.secs),
            '--warmup', str(args.warmup), '--path', PATH, '--label', f'{LABEL[system]} ({kx})',
-           '--json', path]
+           '--json', path] + (['--resume'] if args.resume else [])
     print(f'== {name}: ' + ' '.join(gen[1:]), flush=True)
     try:
         r = subprocess.run(['taskset', '-c', '1'] + gen, stdout=subprocess.PIPE,
@@ -163,6 +169,7 @@ def table(results, systems, kxs, rounds):
         ('handshake p50 (ms)', 'handshake_p50_ms', 2),
         ('handshake p99 (ms)', 'handshake_p99_ms', 2),
         ('failed connections', 'failed', 0),
+        ('resumed connections', 'resumed', 0),
     ]
     cols = [(s, kx) for kx in kxs for s in systems]
     head = ['metric'] + [f'{LABEL[s]} ({kx})' for s, kx in cols]
@@ -179,7 +186,7 @@ def table(results, systems, kxs, rounds):
             elif key == 'generator_busy':
                 vals.append(100 * r['generator_cpu_secs'] / r['window_secs'])
             else:
-                vals.append(r[key])
+                vals.append(r.get(key, 0))
         return statistics.median(vals) if vals else None
 
     for label, key, digits in rows:
@@ -214,6 +221,8 @@ def main():
     ap.add_argument('--kx', default='x25519',
                     help='key exchange offers, comma-separated: x25519 (alone), default '
                          "(rustls's list, X25519MLKEM768 first); default x25519")
+    ap.add_argument('--resume', action='store_true',
+                    help='returning clients: resume sessions by the servers\' tickets')
     ap.add_argument('--verify', default='off', choices=['on', 'off'],
                     help="the generator verifies the server's certificate (default off)")
     ap.add_argument('--key', default='ecdsa-p256', choices=['ecdsa-p256', 'rsa2048'],

@@ -26,6 +26,12 @@
 //!     --server-pid PID --tls-ca DIR/ca.pem --conns 32 --secs 10
 //! ```
 //!
+//! `--resume` lets the client resume sessions instead (rustls's in-memory
+//! session cache, shared by the loops): the server's tickets are kept and
+//! offered, so most connections resume (no certificate, no signature) and
+//! the report says how many did. nginx issues tickets by default, and so
+//! does braid-proxy.
+//!
 //! `bench/tls.py` runs it against braid-proxy and nginx, alternately.
 
 use std::collections::HashMap;
@@ -47,7 +53,8 @@ use procs::{percentile, process_tree, usage};
 const USAGE: &str = "\
 usage: handshakes --target ADDR --server-pid PID [--tls-ca FILE | --verify off]
                   [--conns C] [--secs S] [--warmup S] [--path PATH]
-                  [--kx x25519|default] [--sources 1..250] [--label NAME] [--json PATH]
+                  [--kx x25519|default] [--resume] [--sources 1..250] [--label NAME]
+                  [--json PATH]
 See the comment at the top of examples/handshakes.rs.";
 
 struct Args {
@@ -56,6 +63,7 @@ struct Args {
     ca: Option<String>,
     verify: tls::Verify,
     kx: tls::Kx,
+    resume: bool,
     conns: usize,
     secs: f64,
     warmup: f64,
@@ -74,6 +82,7 @@ fn args() -> Args {
         ca: None,
         verify: tls::Verify::Full,
         kx: tls::Kx::X25519,
+        resume: false,
         conns: 32,
         secs: 10.0,
         warmup: 2.0,
@@ -87,6 +96,10 @@ fn args() -> Args {
         if flag == "--help" || flag == "-h" {
             println!("{USAGE}");
             std::process::exit(0);
+        }
+        if flag == "--resume" {
+            a.resume = true;
+            continue;
         }
         let value = it.next().unwrap_or_default();
         match flag.as_str() {
@@ -143,6 +156,8 @@ struct Shared {
     next_source: AtomicU64,
     /// Connections that got a 2xx answer, and those that did not.
     done: AtomicU64,
+    /// Connections that resumed a session (`--resume`), in the window.
+    resumed: AtomicU64,
     failed: AtomicU64,
     /// Whether latencies are being recorded (the measured window).
     recording: AtomicBool,
@@ -198,6 +213,11 @@ async fn run_loop(shared: Arc<Shared>) -> Vec<Times> {
                 .map_err(|e| shared.failed("handshake", &e))
                 .ok()?;
             let handshake = started.elapsed();
+            if stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+                && recording
+            {
+                shared.resumed.fetch_add(1, Ordering::Relaxed);
+            }
             if shared.negotiated.get().is_none() {
                 let _ = shared.negotiated.set(tls::describe(stream.get_ref().1));
             }
@@ -253,7 +273,12 @@ async fn run_loop(shared: Arc<Shared>) -> Vec<Times> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = args();
-    let config = tls::client_config(a.ca.as_deref().map(std::path::Path::new), a.verify, a.kx);
+    let mut config = tls::client_config(a.ca.as_deref().map(std::path::Path::new), a.verify, a.kx);
+    if a.resume {
+        let mut resuming = (*config).clone();
+        resuming.resumption = rustls::client::Resumption::in_memory_sessions(1024);
+        config = Arc::new(resuming);
+    }
     let request = format!(
         "GET {} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         a.path
@@ -266,6 +291,7 @@ async fn main() {
         sources: a.sources,
         next_source: AtomicU64::new(0),
         done: AtomicU64::new(0),
+        resumed: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         recording: AtomicBool::new(false),
         stop: AtomicBool::new(false),
@@ -310,6 +336,7 @@ async fn main() {
     total.sort_unstable();
 
     let done = done1 - done0;
+    let resumed = shared.resumed.load(Ordering::Relaxed);
     let failed = failed1 - failed0;
     let server_cpu = server1 - server0;
     let own_cpu = own1 - own0;
@@ -323,9 +350,14 @@ async fn main() {
         a.label.clone()
     };
     println!(
-        "{label}: {done} handshakes (+ GET) in {wall:.2} s with {} loops, {failed} failed; \
+        "{label}: {done} handshakes (+ GET) in {wall:.2} s with {} loops, {failed} failed{}; \
          negotiated {negotiated}",
-        a.conns
+        a.conns,
+        if a.resume {
+            format!(", {resumed} resumed")
+        } else {
+            String::new()
+        }
     );
     println!(
         "{per_wall:.0} per wall second; server CPU {server_cpu:.2} s ({:.0}% of one core, {} \
@@ -349,6 +381,8 @@ async fn main() {
             "target": a.target.to_string(),
             "path": a.path,
             "conns": a.conns,
+            "resume": a.resume,
+            "resumed": resumed,
             "verify": format!("{:?}", a.verify).to_lowercase(),
             "kx_offered": format!("{:?}", a.kx).to_lowercase(),
             "negotiated": negotiated,

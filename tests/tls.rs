@@ -1174,3 +1174,46 @@ async fn a_parked_tls_subscriber_keeps_its_heartbeats() {
     };
     stream.until("\"e2\"").await;
 }
+
+/// A client that comes back resumes its TLS session (no certificate, no
+/// signature), however many other clients connected in between: the
+/// listener issues stateless tickets, where rustls's stateful cache would
+/// have forgotten it after 256 others. A new certificate (SIGHUP) starts
+/// afresh: a ticket from before is not taken after it.
+#[tokio::test]
+async fn a_returning_client_resumes_by_ticket_however_many_came_between() {
+    use rustls::HandshakeKind;
+    let ca = Ca::new("resumption CA");
+    let dir = scratch("resumption");
+    let (_origin, proxy, _, _) = tls_proxy(&ca, &dir, "resumed").await;
+    let roots = [ca.der()];
+    // Each configuration has its own session cache (rustls's default
+    // resumption: in memory).
+    let visit = |config: Arc<rustls::ClientConfig>| {
+        let addr = proxy.addr;
+        async move {
+            let tls = connect(addr, config).await.expect("TLS");
+            let kind = tls.get_ref().1.handshake_kind();
+            // Reading the answer reads the tickets sent after the handshake.
+            let response = send(tls, "/doc", &[]).await.expect("GET");
+            assert_eq!(response.status(), 200);
+            assert_eq!(common::body_of(response).await, "resumed");
+            kind
+        }
+    };
+    let returning = client_config(&roots, &[b"http/1.1"], None);
+    assert_eq!(visit(returning.clone()).await, Some(HandshakeKind::Full));
+    for _ in 0..300 {
+        let other = client_config(&roots, &[b"http/1.1", b"h2"], None);
+        assert_eq!(visit(other).await, Some(HandshakeKind::Full));
+    }
+    assert_eq!(visit(returning.clone()).await, Some(HandshakeKind::Resumed));
+
+    // After a reload the old tickets are refused: one full handshake, then
+    // resumption again.
+    ca.server().write(&dir, "server");
+    let tls = proxy.tls.clone().expect("a TLS listener");
+    tls.reload().expect("reload");
+    assert_eq!(visit(returning.clone()).await, Some(HandshakeKind::Full));
+    assert_eq!(visit(returning).await, Some(HandshakeKind::Resumed));
+}

@@ -91,6 +91,17 @@ impl Files {
         let mut config =
             builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
         config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+        // Resumption by stateless tickets (RFC 5077's construction, keys
+        // rotated every 6 hours, in memory only), so that any number of
+        // clients coming back, a reconnect storm after a network blip
+        // included, skip the certificate and its signature, and the proxy
+        // keeps nothing per session (rustls's stateful cache holds 256).
+        // A new ticketer per load: a reload may change what clients must
+        // present (--tls-client-ca), and a session resumed across it would
+        // skip that check, so tickets issued before a reload are not taken
+        // after it (those clients make one full handshake).
+        config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()
+            .map_err(|e| format!("TLS session tickets: {e}"))?;
         Ok(config)
     }
 }
