@@ -325,19 +325,24 @@ fn serve_connection(
     let builder = builder.clone();
     let watcher = graceful.watcher();
     let fast = fast.clone();
-    let tls = tls.cloned();
+    // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
+    // header-read timeout, then h2 by ALPN or HTTP/1.1 with the fast path,
+    // in a task of its own: a TLS session is kilobytes, which would
+    // otherwise size every plain connection's task, and the plain path's
+    // states would size every TLS one's.
+    if let Some(tls) = tls {
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _counted = counted;
+            serve_tls(
+                tls, stream, router, conn_info, builder, watcher, closing, fast,
+            )
+            .await
+        });
+        return;
+    }
     tokio::spawn(async move {
         let _counted = counted;
-        // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
-        // header-read timeout, then h2 by ALPN or HTTP/1.1 with the fast
-        // path. Boxed: a TLS session is kilobytes, which would otherwise
-        // size every connection's task, plain ones too.
-        if let Some(tls) = tls {
-            let serving = serve_tls(
-                tls, stream, router, conn_info, builder, watcher, closing, fast,
-            );
-            return Box::pin(serving).await;
-        }
         // The header-read timeout also covers the wait for the first bytes.
         // A connection that has not started a request when shutdown begins
         // is closed at once (its watcher would otherwise hold shutdown up).
@@ -400,11 +405,16 @@ async fn answer_fast(
 
 /// TLS hook (issue 47): the handshake of a connection to a TLS listener,
 /// within the header-read timeout (a failed one is a debug line: scanners
-/// and plain-HTTP clients make many), then hyper over h2 when ALPN chose
-/// it. Over HTTP/1.1 the client's first bytes are read (nothing can be
-/// peeked at under TLS): a subscription that arrived whole in them takes
-/// the fast path, as on a plain connection, and anything else goes to
-/// hyper with those bytes replayed.
+/// make many; plain HTTP gets a readable 400), then hyper over h2 when
+/// ALPN chose it. Over HTTP/1.1 the client's first bytes are read (nothing
+/// can be peeked at under TLS): a subscription that arrived whole in them
+/// takes the fast path, as on a plain connection, and anything else goes
+/// to hyper with those bytes replayed.
+///
+/// The opening (handshake and first bytes) runs in a future of its own,
+/// boxed and freed once done, and so does each way of serving after it:
+/// inline, their states made this future about 10 KiB, held for the
+/// connection's life, an open subscription's included.
 #[allow(clippy::too_many_arguments)]
 async fn serve_tls(
     tls: Arc<ServerTls>,
@@ -416,50 +426,16 @@ async fn serve_tls(
     mut closing: tokio::sync::watch::Receiver<bool>,
     fast: Arc<FastPath>,
 ) {
-    let peer = conn_info.peer;
-    let timeout = builder.header_read_timeout;
-    let deadline = tokio::time::Instant::now() + timeout;
-    // A TLS record starts with its content type (20 to 24); a plain HTTP/1.1
-    // request with its method's first letter. That one gets a readable 400
-    // rather than a TLS alert, which clients show as garbage ("HTTP/0.9").
-    let mut first = [0u8; 1];
-    let peeked = tokio::select! {
-        peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)) => peeked,
-        _ = closing.wait_for(|closing| *closing) => return,
-    };
-    match peeked {
-        Ok(Ok(0)) => return,
-        Ok(Ok(_)) if first[0].is_ascii_uppercase() => {
-            return refuse_plain_http(stream, peer, router.config().max_header_bytes).await
+    let opening = open_tls(tls, stream, &router, conn_info.peer, &builder, &mut closing);
+    let (stream, first) = match Box::pin(opening).await {
+        None => return,
+        Some(Opened::H2(stream)) => {
+            let serving = serve_hyper(stream, true, router, conn_info, &builder, watcher, closing);
+            return Box::pin(serving).await;
         }
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a handshake"),
-        Err(_) => return debug!(%peer, "no TLS handshake within the header-read timeout"),
-    }
-    let accepted = tokio::select! {
-        accepted = tokio::time::timeout_at(deadline, tls.accept(stream)) => accepted,
-        _ = closing.wait_for(|closing| *closing) => return,
+        Some(Opened::Http1(stream, first)) => (stream, first),
     };
-    let stream = match accepted {
-        Ok(Ok((stream, true))) => {
-            return serve_hyper(stream, true, router, conn_info, &builder, watcher, closing).await
-        }
-        Ok(Ok((stream, false))) => TlsSocket::new(stream),
-        Ok(Err(e)) => return debug!(%peer, error = %e, "TLS handshake failed"),
-        Err(_) => return debug!(%peer, "no TLS handshake within the header-read timeout"),
-    };
-    let config = router.config();
-    let (max_head, max_headers) = (config.max_header_bytes, config.max_headers);
-    let first = tokio::select! {
-        first = tokio::time::timeout(timeout, fastpath::first_bytes_tls(&stream, max_head)) => first,
-        _ = closing.wait_for(|closing| *closing) => return,
-    };
-    let first = match first {
-        Ok(Ok(first)) if !first.is_empty() => first,
-        Ok(Ok(_)) => return,
-        Ok(Err(e)) => return debug!(%peer, error = %e, "connection failed before a request"),
-        Err(_) => return debug!(%peer, "no request within the header-read timeout"),
-    };
+    let max_headers = router.config().max_headers;
     let taken = fastpath::parse(&first)
         .filter(|p| p.head_len == first.len() && p.request.headers().len() <= max_headers);
     let (stream, first) = match taken {
@@ -468,7 +444,7 @@ async fn serve_tls(
             drop(first);
             let socket = Socket::Tls(Box::new(stream));
             let answered = answer_fast(socket, parsed, &router, conn_info, &fast, &closing);
-            match answered.await {
+            match Box::pin(answered).await {
                 Some(Socket::Tls(back)) => (*back, Bytes::new()),
                 _ => return,
             }
@@ -476,7 +452,87 @@ async fn serve_tls(
         None => (stream, Bytes::from(first)),
     };
     let stream = Replay::new(first, stream);
-    serve_hyper(stream, false, router, conn_info, &builder, watcher, closing).await
+    let serving = serve_hyper(stream, false, router, conn_info, &builder, watcher, closing);
+    Box::pin(serving).await
+}
+
+/// A TLS connection after its handshake: h2 by ALPN, or HTTP/1.1 with the
+/// first bytes it sent.
+enum Opened {
+    H2(tokio_rustls::server::TlsStream<TcpStream>),
+    Http1(TlsSocket, Vec<u8>),
+}
+
+/// The handshake of a TLS connection and, over HTTP/1.1, its first bytes,
+/// within the header-read timeout; `None` when the connection is done
+/// with (closed, failed, timed out, plain HTTP answered, or shutdown).
+async fn open_tls(
+    tls: Arc<ServerTls>,
+    stream: TcpStream,
+    router: &Router,
+    peer: SocketAddr,
+    builder: &Builders,
+    closing: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<Opened> {
+    let timeout = builder.header_read_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    // A TLS record starts with its content type (20 to 24); a plain HTTP/1.1
+    // request with its method's first letter. That one gets a readable 400
+    // rather than a TLS alert, which clients show as garbage ("HTTP/0.9").
+    let mut first = [0u8; 1];
+    let peeked = tokio::select! {
+        peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)) => peeked,
+        _ = closing.wait_for(|closing| *closing) => return None,
+    };
+    let max_head = router.config().max_header_bytes;
+    match peeked {
+        Ok(Ok(0)) => return None,
+        Ok(Ok(_)) if first[0].is_ascii_uppercase() => {
+            refuse_plain_http(stream, peer, max_head).await;
+            return None;
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "connection failed before a handshake");
+            return None;
+        }
+        Err(_) => {
+            debug!(%peer, "no TLS handshake within the header-read timeout");
+            return None;
+        }
+    }
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout_at(deadline, tls.accept(stream)) => accepted,
+        _ = closing.wait_for(|closing| *closing) => return None,
+    };
+    let stream = match accepted {
+        Ok(Ok((stream, true))) => return Some(Opened::H2(stream)),
+        Ok(Ok((stream, false))) => TlsSocket::new(stream),
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "TLS handshake failed");
+            return None;
+        }
+        Err(_) => {
+            debug!(%peer, "no TLS handshake within the header-read timeout");
+            return None;
+        }
+    };
+    let first = tokio::select! {
+        first = tokio::time::timeout(timeout, fastpath::first_bytes_tls(&stream, max_head)) => first,
+        _ = closing.wait_for(|closing| *closing) => return None,
+    };
+    match first {
+        Ok(Ok(first)) if !first.is_empty() => Some(Opened::Http1(stream, first)),
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "connection failed before a request");
+            None
+        }
+        Err(_) => {
+            debug!(%peer, "no request within the header-read timeout");
+            None
+        }
+    }
 }
 
 /// The answer to plain HTTP on a TLS listener, as one line of text.
