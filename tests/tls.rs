@@ -803,16 +803,26 @@ fn sighup_reloads_the_certificate_of_the_running_binary() {
         .spawn()
         .expect("start the binary");
     let mut child = Running(child);
+    let mut out = BufReader::new(child.0.stdout.take().expect("stdout"));
     let mut banner = String::new();
-    BufReader::new(child.0.stdout.take().expect("stdout"))
-        .read_line(&mut banner)
-        .expect("banner");
+    out.read_line(&mut banner).expect("banner");
     let addr: SocketAddr = banner
         .trim()
         .strip_prefix("braid-proxy listening on https://")
         .unwrap_or_else(|| panic!("banner: {banner}"))
         .parse()
         .expect("address");
+    // The demo's hints name the listener's scheme.
+    let mut hints = String::new();
+    for _ in 0..3 {
+        out.read_line(&mut hints).expect("the demo's hints");
+    }
+    assert_eq!(
+        hints.matches(&format!("https://{addr}/")).count(),
+        3,
+        "{hints}"
+    );
+    assert!(!hints.contains("http://"), "{hints}");
     // The log lines, as they come.
     let stderr = child.0.stderr.take().expect("stderr");
     let (lines, logged) = std::sync::mpsc::channel();
