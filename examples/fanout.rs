@@ -997,12 +997,14 @@ async fn h2c_subscriber(
     let Ok(permit) = shared.connect_slots.acquire().await else {
         return result;
     };
-    let scheme = if shared.tls.is_some() {
-        "https"
+    // Over TLS the authority is the name the handshake sent (SNI), as a
+    // browser's: nginx leaves a stream whose :authority differs unanswered.
+    let (scheme, authority) = if shared.tls.is_some() {
+        ("https", "localhost")
     } else {
-        "http"
+        ("http", "bench")
     };
-    let mut request = Request::get(format!("{scheme}://bench{}", shared.path));
+    let mut request = Request::get(format!("{scheme}://{authority}{}", shared.path));
     if shared.system == System::Braid {
         request = request.header("subscribe", "true");
     }
