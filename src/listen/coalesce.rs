@@ -19,30 +19,105 @@
 //! and the wait is one pass over tasks that are ready: with nothing else
 //! to run, the connection runs again at once. Nothing is held in this
 //! type: the bytes stay in h2's own bounded send buffer.
+//!
+//! A connection with one open stream (a browser tab with one subscription
+//! over HTTPS) has nothing to gather: one update is one frame. There the
+//! wait only delays the write behind every other connection's streams, so
+//! it is skipped. [`Streams`] counts a connection's open streams: each
+//! request holds a [`StreamGuard`] until its response body is dropped.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// An I/O stream whose writes are gathered per scheduler turn.
+use crate::floor::body::{Body, Chunk};
+
+/// The open streams of one HTTP/2 connection.
+#[derive(Default)]
+pub struct Streams(AtomicUsize);
+
+impl Streams {
+    /// One more stream, until the guard is dropped.
+    pub fn open(self: &Arc<Self>) -> StreamGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        StreamGuard(self.clone())
+    }
+
+    fn many(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 1
+    }
+}
+
+/// A stream counted in [`Streams`] while this lives.
+pub struct StreamGuard(Arc<Streams>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `body`, holding `guard` until it is dropped.
+pub fn counted(body: Body, guard: StreamGuard) -> Body {
+    Body::new(Counted {
+        inner: body,
+        _guard: guard,
+    })
+}
+
+struct Counted {
+    inner: Body,
+    _guard: StreamGuard,
+}
+
+impl http_body::Body for Counted {
+    type Data = Chunk;
+    type Error = crate::floor::body::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Chunk>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An I/O stream whose writes are gathered per scheduler turn, when its
+/// connection has more than one open stream.
 pub struct Coalesce<T> {
     inner: T,
     /// A batch is open: its first write has waited its turn, and what
     /// follows goes straight through until a flush ends it.
     open: bool,
+    streams: Arc<Streams>,
 }
 
 impl<T> Coalesce<T> {
-    pub fn new(inner: T) -> Coalesce<T> {
-        Coalesce { inner, open: false }
+    pub fn new(inner: T, streams: Arc<Streams>) -> Coalesce<T> {
+        Coalesce {
+            inner,
+            open: false,
+            streams,
+        }
     }
 
     /// Ready when a write may go to the socket; the first of a batch is
-    /// sent to the back of the run queue first.
+    /// sent to the back of the run queue first, unless the connection has
+    /// one stream or none.
     fn turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.open {
+        if self.open || !self.streams.many() {
             return Poll::Ready(());
         }
         self.open = true;
@@ -138,6 +213,9 @@ mod tests {
         let conn_wake = Arc::new(Notify::new());
         let update = Arc::new(Notify::new());
         let done = Arc::new(tokio::sync::Semaphore::new(0));
+        // The connection's open streams, as hyper's would be counted.
+        let many = Arc::new(Streams::default());
+        let _open: Vec<StreamGuard> = (0..streams).map(|_| many.open()).collect();
         let conn = {
             let (sink, frames, conn_wake, done) = (
                 sink.clone(),
@@ -147,7 +225,7 @@ mod tests {
             );
             tokio::spawn(async move {
                 let mut io: Pin<Box<dyn AsyncWrite + Send>> = if coalesce {
-                    Box::pin(Coalesce::new(sink))
+                    Box::pin(Coalesce::new(sink, many.clone()))
                 } else {
                     Box::pin(sink)
                 };
@@ -223,5 +301,31 @@ mod tests {
         let writes = rt.block_on(one_update(50, false));
         assert_eq!(writes.concat().len(), 50);
         assert!(writes.len() > 10, "{} writes for 50 frames", writes.len());
+    }
+
+    /// A write on a connection with one open stream (or none) goes to the
+    /// socket at once; with two it waits its turn first; a stream closed
+    /// (its guard dropped) counts no more.
+    #[test]
+    fn a_connection_with_one_stream_writes_without_waiting() {
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let sink = Writes::default();
+        let streams = Arc::new(Streams::default());
+        let mut io = Coalesce::new(sink.clone(), streams.clone());
+        let first = streams.open();
+        assert!(Pin::new(&mut io).poll_write(&mut cx, b"a").is_ready());
+        let second = streams.open();
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
+        assert!(Pin::new(&mut io).poll_write(&mut cx, b"b").is_pending());
+        assert!(Pin::new(&mut io).poll_write(&mut cx, b"b").is_ready());
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
+        drop(second);
+        assert!(Pin::new(&mut io).poll_write(&mut cx, b"c").is_ready());
+        drop(first);
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]
+        );
     }
 }

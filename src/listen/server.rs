@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::deliver::socket::Socket;
 use crate::floor::body::BoxError;
 use crate::limits::{AcceptErrors, ClientConnection};
-use crate::listen::coalesce::Coalesce;
+use crate::listen::coalesce::{counted, Coalesce, Streams};
 use crate::listen::fastpath;
 use crate::listen::replay::Replay;
 use crate::router::Router;
@@ -589,11 +589,13 @@ async fn serve_hyper<S>(
 {
     let result = if h2 {
         // The frames of all the streams one update wakes go out in one
-        // write (src/listen/coalesce.rs).
-        let io = TokioIo::new(Coalesce::new(stream));
+        // write, when there is more than one (src/listen/coalesce.rs).
+        let streams = Arc::new(Streams::default());
+        let io = TokioIo::new(Coalesce::new(stream, streams.clone()));
         // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
         // and inline it would size every connection's task.
-        Box::pin(serve_h2(io, router, conn_info, builder, watcher, closing)).await
+        let serving = serve_h2(io, streams, router, conn_info, builder, watcher, closing);
+        Box::pin(serving).await
     } else {
         let io = TokioIo::new(stream);
         drop(closing);
@@ -610,8 +612,10 @@ async fn serve_hyper<S>(
 /// Serves an HTTP/2 connection. HTTP/2 has no header-read timeout of its own:
 /// a client that sends the preface and then no request is closed after the
 /// header-read timeout, or as soon as shutdown begins.
+#[allow(clippy::too_many_arguments)]
 async fn serve_h2<S>(
     io: TokioIo<Coalesce<S>>,
+    streams: Arc<Streams>,
     router: Router,
     conn_info: ConnInfo,
     builder: &Builders,
@@ -622,7 +626,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let served = Arc::new(AtomicBool::new(false));
-    let service = service(router, conn_info, Some(served.clone()));
+    let service = service(router, conn_info, Some((served.clone(), streams)));
     let conn = watcher.watch(builder.http2.serve_connection(io, service));
     let no_request = async {
         tokio::select! {
@@ -655,12 +659,13 @@ type Answer = std::pin::Pin<
 /// few KiB are allocated then. An HTTP/2 connection task makes the futures
 /// of every stream a client opens in one burst (hundreds) before any of them
 /// runs; boxed once, each would hold its few KiB from the start, and the
-/// freed peak would stay in the process's RSS. `served`, when given, is set
-/// by the first request.
+/// freed peak would stay in the process's RSS. For HTTP/2, `h2`: the flag
+/// the first request sets, and the connection's open streams, each request
+/// counted until its response body is dropped (src/listen/coalesce.rs).
 fn service(
     router: Router,
     conn_info: ConnInfo,
-    served: Option<Arc<AtomicBool>>,
+    h2: Option<(Arc<AtomicBool>, Arc<Streams>)>,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
     Response = http::Response<crate::floor::body::Body>,
@@ -668,14 +673,19 @@ fn service(
     Future = Answer,
 > + Clone {
     service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        if let Some(served) = &served {
-            served.store(true, Ordering::Relaxed);
+        let req = req.map(crate::floor::body::incoming);
+        match &h2 {
+            None => answer(router.clone(), req, conn_info),
+            Some((served, streams)) => {
+                served.store(true, Ordering::Relaxed);
+                let guard = streams.open();
+                let answering = answer(router.clone(), req, conn_info);
+                Box::pin(async move {
+                    let response = answering.await?;
+                    Ok(response.map(|body| counted(body, guard)))
+                })
+            }
         }
-        answer(
-            router.clone(),
-            req.map(crate::floor::body::incoming),
-            conn_info,
-        )
     })
 }
 
