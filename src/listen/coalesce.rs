@@ -28,7 +28,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -36,19 +36,29 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::floor::body::{Body, Chunk};
 
-/// The open streams of one HTTP/2 connection.
+/// The streams of one HTTP/2 connection: how many are open, and whether
+/// any was ever opened.
 #[derive(Default)]
-pub struct Streams(AtomicUsize);
+pub struct Streams {
+    open: AtomicUsize,
+    served: AtomicBool,
+}
 
 impl Streams {
     /// One more stream, until the guard is dropped.
     pub fn open(self: &Arc<Self>) -> StreamGuard {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.served.store(true, Ordering::Relaxed);
         StreamGuard(self.clone())
     }
 
+    /// Whether the connection has had a request.
+    pub fn served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
+    }
+
     fn many(&self) -> bool {
-        self.0.load(Ordering::Relaxed) > 1
+        self.open.load(Ordering::Relaxed) > 1
     }
 }
 
@@ -57,7 +67,7 @@ pub struct StreamGuard(Arc<Streams>);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::deliver::socket::Socket;
 use crate::floor::body::BoxError;
 use crate::limits::{AcceptErrors, ClientConnection};
-use crate::listen::coalesce::{counted, Coalesce, Streams};
+use crate::listen::coalesce::{counted, Coalesce, StreamGuard, Streams};
 use crate::listen::fastpath;
 use crate::listen::replay::Replay;
 use crate::router::Router;
@@ -625,15 +625,14 @@ async fn serve_h2<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let served = Arc::new(AtomicBool::new(false));
-    let service = service(router, conn_info, Some((served.clone(), streams)));
+    let service = service(router, conn_info, Some(streams.clone()));
     let conn = watcher.watch(builder.http2.serve_connection(io, service));
     let no_request = async {
         tokio::select! {
             _ = tokio::time::sleep(builder.header_read_timeout) => {}
             _ = closing.wait_for(|closing| *closing) => {}
         }
-        if served.load(Ordering::Relaxed) {
+        if streams.served() {
             std::future::pending::<()>().await;
         }
     };
@@ -659,13 +658,13 @@ type Answer = std::pin::Pin<
 /// few KiB are allocated then. An HTTP/2 connection task makes the futures
 /// of every stream a client opens in one burst (hundreds) before any of them
 /// runs; boxed once, each would hold its few KiB from the start, and the
-/// freed peak would stay in the process's RSS. For HTTP/2, `h2`: the flag
-/// the first request sets, and the connection's open streams, each request
-/// counted until its response body is dropped (src/listen/coalesce.rs).
+/// freed peak would stay in the process's RSS. For HTTP/2, `streams`
+/// counts the connection's open streams, each request until its response
+/// body is dropped (src/listen/coalesce.rs), and whether any came.
 fn service(
     router: Router,
     conn_info: ConnInfo,
-    h2: Option<(Arc<AtomicBool>, Arc<Streams>)>,
+    streams: Option<Arc<Streams>>,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
     Response = http::Response<crate::floor::body::Body>,
@@ -673,32 +672,32 @@ fn service(
     Future = Answer,
 > + Clone {
     service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let req = req.map(crate::floor::body::incoming);
-        match &h2 {
-            None => answer(router.clone(), req, conn_info),
-            Some((served, streams)) => {
-                served.store(true, Ordering::Relaxed);
-                let guard = streams.open();
-                let answering = answer(router.clone(), req, conn_info);
-                Box::pin(async move {
-                    let response = answering.await?;
-                    Ok(response.map(|body| counted(body, guard)))
-                })
-            }
-        }
+        let guard = streams.as_ref().map(|streams| streams.open());
+        answer(
+            router.clone(),
+            req.map(crate::floor::body::incoming),
+            conn_info,
+            guard,
+        )
     })
 }
 
 /// The future of one request: a box holding the request until it is first
-/// polled, and `Router::handle`'s future, boxed then (see `service`).
+/// polled, and `Router::handle`'s future, boxed then (see `service`). An
+/// HTTP/2 stream's `guard` goes on to its response body.
 fn answer(
     router: Router,
     req: http::Request<crate::floor::body::RequestBody>,
     conn: ConnInfo,
+    guard: Option<StreamGuard>,
 ) -> Answer {
     Box::pin(async move {
         let handle = Box::pin(router.handle(req, conn));
-        Ok::<_, Infallible>(handle.await)
+        let response = handle.await;
+        Ok::<_, Infallible>(match guard {
+            Some(guard) => response.map(|body| counted(body, guard)),
+            None => response,
+        })
     })
 }
 
@@ -726,7 +725,9 @@ mod tests {
             local: "127.0.0.1:2".parse().expect("addr"),
             trusted: true,
         };
-        let waiting = answer(router.clone(), request(), conn);
+        // As an HTTP/2 stream's: counted among its connection's streams.
+        let guard = Arc::new(Streams::default()).open();
+        let waiting = answer(router.clone(), request(), conn, Some(guard));
         let handle = router.handle(request(), conn);
         let (waiting, whole) = (
             std::mem::size_of_val(&*waiting),
