@@ -290,6 +290,18 @@ def fmt(v, digits=1):
     return f'{v:,}'
 
 
+def write_table(out_dir, text, braid_args, written):
+    """table.md in out_dir (headed by braid-proxy's extra arguments, if
+    any), printed too, and what the run wrote."""
+    if braid_args:
+        text = f"braid-proxy ran with: {' '.join(braid_args)}\n\n" + text
+    with open(os.path.join(out_dir, 'table.md'), 'w') as f:
+        f.write(text)
+    print()
+    print(text)
+    print(f'written: {out_dir}/{{{written}}}')
+
+
 def make_certs(bin_dir, workdir):
     """ca.pem, cert.pem and key.pem for nginx (fanout --write-certs)."""
     d = os.path.join(workdir, 'certs')
@@ -496,13 +508,7 @@ def main():
     if args.tls:
         text = ('Over TLS: every subscriber a TLS connection (HTTP/1.1); latency to the '
                 "generator's read of the decrypted update.\n\n") + text
-    if args.braid_arg:
-        text = f"braid-proxy ran with: {' '.join(args.braid_arg)}\n\n" + text
-    with open(os.path.join(out_dir, 'table.md'), 'w') as f:
-        f.write(text)
-    print()
-    print(text)
-    print(f'written: {out_dir}/{{table.md,latency.csv,latency.png,*.json,*.log}}')
+    write_table(out_dir, text, args.braid_arg, 'table.md,latency.csv,latency.png,*.json,*.log')
     sys.exit(0 if ok else 1)
 
 

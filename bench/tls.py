@@ -57,7 +57,7 @@ from contextlib import nullcontext
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from peers import stop, wait_port  # noqa: E402  (the same servers' lifecycle)
+from peers import stop, wait_port, write_table  # noqa: E402  (the same servers' lifecycle and report)
 BRAID_PORT, NGINX_PORT, NOWHERE_PORT = 18443, 18444, 18449
 PATH = '/.well-known/braid-proxy/purges'
 # braid-proxy's answer to a plain GET of the purge feed, which nginx sends too.
@@ -276,13 +276,7 @@ def main():
     text = (f'TLS handshakes (+ one GET each), {args.conns} loops, {args.secs:g} s per run, '
             f'server key {args.key}, generator verify {args.verify}\n\n'
             + table(results, systems, kxs, args.rounds))
-    if args.braid_arg:
-        text = f"braid-proxy ran with: {' '.join(args.braid_arg)}\n\n" + text
-    with open(os.path.join(out_dir, 'table.md'), 'w') as f:
-        f.write(text)
-    print()
-    print(text)
-    print(f'written: {out_dir}/{{table.md,*.json,*.log}}')
+    write_table(out_dir, text, args.braid_arg, 'table.md,*.json,*.log')
     sys.exit(0 if ok else 1)
 
 
