@@ -222,7 +222,15 @@ declare_keys! {
         "Time to the upstream's response headers (then 504).";
     poll_interval: Duration, "poll-interval", "DURATION", default ("1s"),
         parse positive_duration,
-        "Conditional poll interval of a subscribed resource of a plain origin.";
+        "Shortest poll interval of a subscribed resource of a plain origin: the one after a change, a write, a refresh or a new subscriber. Polls are conditional on a strong validator (an ETag, or a Last-Modified at least a second older than the answer's Date); otherwise they fetch the body and compare its hash.";
+    poll_max_interval: Option<Duration>, "poll-max-interval", "DURATION", default (none "10 x poll-interval"),
+        sample (# "10s"),
+        parse |v: &str| positive_duration(v).map(Some),
+        "Longest poll interval of a quiet subscribed resource: each poll that finds no change doubles it, from --poll-interval up to this, so a change is seen within it. Equal to --poll-interval: every subscribed resource is polled at that interval.";
+    origin_rps: Option<f64>, "origin-rps", "N", default (none "unlimited"),
+        sample (# "200"),
+        parse parse_rps,
+        "Most requests a second the watchers together send the origin (polls, refreshes, the revalidation before a new subscription), spread evenly; the slots go first to resources that change and to requests someone waits on. Whatever this says, an origin's 429 or 503 with Retry-After pauses every watcher that long (at most 10 minutes).";
     upstream_kind: UpstreamKind, "upstream-kind", "KIND", default ("auto"),
         parse upstream_kind,
         "What the upstream is: `braid` (subscriptions relayed byte for byte, every answer as the upstream gave it), `rest` (polled and diffed), or `auto` (learned from the first 209 or Braid response header).";
@@ -296,7 +304,7 @@ declare_keys! {
         "Open subscriptions to one resource (then 503).";
     resource_idle: Duration, "resource-idle", "DURATION", default ("30s"),
         parse parse_duration,
-        "How long a resource nobody subscribes to is kept (its watcher lives on).";
+        "How long a resource nobody subscribes to is kept. Nothing polls it meanwhile: plain GETs are answered from it as its own freshness allows, and a new subscription waits for the origin's answer to a fresh poll before its 209 names a version.";
 
     ["State and history"]
     history_len: usize, "history-len", "N", default ("256"),
@@ -581,8 +589,25 @@ impl Config {
         Ok(config)
     }
 
+    /// The longest poll interval of a quiet resource: `--poll-max-interval`,
+    /// by default ten times `--poll-interval`, never below it.
+    pub fn poll_ceiling(&self) -> Duration {
+        self.poll_max_interval
+            .unwrap_or(self.poll_interval.saturating_mul(10))
+            .max(self.poll_interval)
+    }
+
     /// Checks that the keys agree with each other.
     fn check(&self) -> Result<(), ConfigError> {
+        if self
+            .poll_max_interval
+            .is_some_and(|max| max < self.poll_interval)
+        {
+            return Err(bad(
+                "poll-max-interval",
+                "is shorter than poll-interval".into(),
+            ));
+        }
         if let Some(addr) = self.admin_listen {
             if !addr.ip().is_loopback() && self.admin_token.is_none() {
                 return Err(bad(
@@ -948,6 +973,18 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(scale)
         .and_then(|b| usize::try_from(b).ok())
         .ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// A request rate: a positive number (fractions allowed, at most a million).
+fn parse_rps(s: &str) -> Result<Option<f64>, String> {
+    let rate: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of requests a second"))?;
+    if !(rate > 0.0 && rate <= 1_000_000.0) {
+        return Err(format!("{rate} is not between 0 (excluded) and 1000000"));
+    }
+    Ok(Some(rate))
 }
 
 fn parse_count(s: &str) -> Result<usize, String> {

@@ -25,6 +25,8 @@ pub struct Metrics {
     /// Direct-delivery sweeps that took a head published while they ran.
     pub sweep_head_changes_total: AtomicU64,
     pub heartbeats_sent_total: AtomicU64,
+    /// Requests the watchers sent to the origin (polls and refreshes).
+    pub polls_total: AtomicU64,
     pub polls_not_modified_total: AtomicU64,
     pub diffs_total: AtomicU64,
     pub diffs_fallback_snapshot_total: AtomicU64,
@@ -166,7 +168,7 @@ impl Metrics {
     /// Renders every metric in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
-        let counters: [(&str, &AtomicU64, &str); 28] = [
+        let counters: [(&str, &AtomicU64, &str); 29] = [
             (
                 "bytes_sent_total",
                 &self.bytes_sent_total,
@@ -286,6 +288,11 @@ impl Metrics {
                 "heartbeats_sent_total",
                 &self.heartbeats_sent_total,
                 "Heartbeat lines sent.",
+            ),
+            (
+                "polls_total",
+                &self.polls_total,
+                "Requests the watchers sent a plain origin (polls, refreshes, revalidations for new subscribers); its rate is what change detection costs the origin.",
             ),
             (
                 "polls_not_modified_total",

@@ -104,6 +104,8 @@ impl Router {
             },
             metrics: metrics.clone(),
             poll_interval: config.poll_interval,
+            poll_max_interval: config.poll_ceiling(),
+            budget: crate::feed::pace::Budget::new(config.origin_rps),
             resource_idle: config.resource_idle,
             max_body_bytes: config.max_body_bytes,
             response_timeout: config.response_timeout,
@@ -243,9 +245,13 @@ impl Router {
         // How long ago each subscribed resource was last known current, as
         // one histogram (a series per URL would not be bounded).
         let ages = crate::metrics::Histogram::new(crate::metrics::AGE_BUCKETS);
+        let intervals = crate::metrics::Histogram::new(crate::metrics::AGE_BUCKETS);
         for resource in self.inner.registry.all() {
             if resource.subscribers() == 0 {
                 continue;
+            }
+            if let Some(every) = resource.poll_interval() {
+                intervals.observe(every.as_secs_f64());
             }
             let v = resource.validation();
             let age = v
@@ -257,6 +263,18 @@ impl Router {
             &mut out,
             "validation_age_seconds",
             "Per subscribed resource: seconds since its upstream last answered a revalidation (0 while a Braid upstream stream is live).",
+        );
+        intervals.render(
+            &mut out,
+            "poll_interval_seconds",
+            "Per polled subscribed resource: its watcher's interval now (--poll-interval after a change, doubling while quiet up to --poll-max-interval).",
+        );
+        let budget = &self.inner.watchers.budget;
+        let (_, delayed) = budget.counts();
+        let _ = writeln!(
+            out,
+            "# HELP braid_proxy_polls_delayed_total Watcher requests that waited for a slot of --origin-rps or for an origin's Retry-After.\n# TYPE braid_proxy_polls_delayed_total counter\nbraid_proxy_polls_delayed_total {delayed}\n# HELP braid_proxy_origin_paused_seconds Seconds left of the pause an origin's Retry-After asked of every watcher.\n# TYPE braid_proxy_origin_paused_seconds gauge\nbraid_proxy_origin_paused_seconds {}",
+            budget.paused_for().map_or(0.0, |d| d.as_secs_f64())
         );
         self.inner.purges.render_metrics(&mut out);
         out
@@ -272,7 +290,7 @@ impl Router {
         if let Some(reason) = self.inner.client.health.down() {
             return Err(format!("upstream unreachable: {reason}"));
         }
-        let limit = crate::state::unheard_limit(self.inner.config.poll_interval);
+        let limit = crate::state::unheard_limit(self.inner.config.poll_ceiling());
         let stuck = self
             .inner
             .registry
@@ -318,14 +336,29 @@ impl Router {
         self.inner.closing.subscribe()
     }
 
-    /// Invalidates every tracked variant of a URL: stored answers are
-    /// revalidated before reuse, and watchers revalidate now. False when
-    /// the URL is not tracked.
-    pub fn refresh(&self, path_and_query: &str) -> bool {
+    /// Invalidates every tracked variant of a URL after a write: stored
+    /// answers are revalidated before reuse, and watchers revalidate now.
+    /// False when the URL is not tracked.
+    pub fn revalidate(&self, path_and_query: &str) -> bool {
         let variants = self.inner.registry.variants(path_and_query);
         for resource in &variants {
             resource.invalidate();
             resource.refresh();
+        }
+        !variants.is_empty()
+    }
+
+    /// The refresh hook (`POST /refresh?path=`): every tracked variant of
+    /// the URL is fetched anew, unconditionally (an origin whose validator
+    /// stays while its body changes is still heard): stored answers are
+    /// dropped, so the next GET asks the origin for the whole body, and
+    /// each watcher fetches now, its subscribers hearing what it gets.
+    /// False when the URL is not tracked.
+    pub fn refresh(&self, path_and_query: &str) -> bool {
+        let variants = self.inner.registry.variants(path_and_query);
+        for resource in &variants {
+            resource.set_stored(None);
+            resource.refetch();
         }
         !variants.is_empty()
     }
@@ -602,14 +635,14 @@ impl Router {
             for variant in self.inner.registry.variants(&path) {
                 variant.landed();
             }
-            self.refresh(&path);
+            self.revalidate(&path);
             for name in [header::LOCATION, header::CONTENT_LOCATION] {
                 if let Some(target) = response
                     .headers()
                     .get(name)
                     .and_then(|v| same_origin_target(v, host.as_deref()))
                 {
-                    self.refresh(&target);
+                    self.revalidate(&target);
                 }
             }
         }
@@ -688,8 +721,12 @@ impl Router {
         // Twice at most: the first answer may name a `Vary` under which
         // this request is another variant than the resource it waited on.
         let mut attempts = 0;
-        let (resource, rx, created) = loop {
+        // Before a watcher this request starts: its first poll counts as
+        // the revalidation this subscription waits for.
+        let mut arrived;
+        let (resource, rx, created, seeded_here, started) = loop {
             attempts += 1;
+            arrived = std::time::SystemTime::now();
             let key = inner.registry.key_for(&path, &headers, &host);
             let (resource, created, rx) =
                 inner
@@ -719,10 +756,6 @@ impl Router {
             }
             if claimed {
                 tokio::spawn(inner.watchers.clone().watch(resource.clone(), seeded));
-            } else if resource.subscribers() == 1 {
-                // The first subscriber of a watched resource: poll now rather
-                // than at the next interval.
-                resource.wake.notify_one();
             }
             // A seed that gave no state (a coded body, say) is followed by
             // the watcher's own poll at once; a refused one is final.
@@ -743,12 +776,31 @@ impl Router {
             // Another request's answer seeded it: is it this request's variant?
             let rekeyed = inner.registry.key_for(&path, &headers, &host) != key;
             if seeded || claimed || !rekeyed || attempts >= 2 {
-                break (resource, rx, created);
+                break (resource, rx, created, seeded, claimed);
             }
         };
         if created {
             // Its first state may have put the proxy over --state-bytes.
             inner.registry.refuse_if_full(&resource)?;
+        }
+        if !seeded_here && resource.head().seq > 0 {
+            // Never name a stale version current: an idle resource's state
+            // is an old answer, and a client whose version is unknown here
+            // may have seen newer elsewhere (another shield).
+            let parents_unknown = braid
+                .parents
+                .as_ref()
+                .is_some_and(|p| !p.is_empty() && resource.seq_of(p).is_none());
+            let current = inner
+                .watchers
+                .revalidate_for(&resource, (arrived, parents_unknown), !started, limit)
+                .await;
+            if !current && parents_unknown {
+                return Err(Refusal::Unavailable {
+                    reason: "the origin did not answer a revalidation in time; this proxy's version may be older than the one the client has".into(),
+                    retry_after: Duration::from_secs(1),
+                });
+            }
         }
         if let Some(denied) = crate::serve::subscribe::denial(&resource.head()) {
             // The origin refused this request's credentials: its answer, not a 209.

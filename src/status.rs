@@ -77,6 +77,9 @@ pub struct Counters {
     pub cache_misses: u64,
     pub cache_revalidated: u64,
     pub upstream_errors: u64,
+    /// Requests the watchers sent the origin: its rate is what change
+    /// detection costs the origin.
+    pub origin_polls: u64,
 }
 
 /// Descriptors open, counted at this reading, against the limit.
@@ -118,6 +121,8 @@ pub struct ResourceStatus {
     pub subscribers: usize,
     /// Seconds since its current version was published, where known.
     pub last_change_secs_ago: Option<f64>,
+    /// Seconds between its watcher's polls now (`None`: not polled).
+    pub poll_interval_secs: Option<f64>,
     /// How its feed is doing, in words.
     pub health: String,
     pub healthy: bool,
@@ -156,6 +161,7 @@ impl Status {
             cache_misses: metrics.cache_misses_total.load(Relaxed),
             cache_revalidated: metrics.cache_revalidated_total.load(Relaxed),
             upstream_errors: metrics.upstream_errors_total.load(Relaxed),
+            origin_polls: metrics.polls_total.load(Relaxed),
         };
         let count = |n: i64| n.max(0) as u64;
         let open_files = OpenFilesStatus {
@@ -290,7 +296,7 @@ fn secs(d: Duration) -> f64 {
 /// [`MAX_LISTED`] most subscribed, described, and how many there are.
 fn polled(from: &Sources<'_>, config: &Config) -> (Vec<ResourceStatus>, usize) {
     // As `/readyz`: the one rule, `Resource::unheard`.
-    let limit = crate::state::unheard_limit(config.poll_interval);
+    let limit = crate::state::unheard_limit(config.poll_ceiling());
     let mut all: Vec<_> = from
         .registry
         .all()
@@ -345,6 +351,7 @@ fn polled(from: &Sources<'_>, config: &Config) -> (Vec<ResourceStatus>, usize) {
                 version: (!head.version.is_empty()).then(|| head.version.to_header_value()),
                 subscribers,
                 last_change_secs_ago: (head.seq > 0).then(|| secs(head.at.elapsed())),
+                poll_interval_secs: r.poll_interval().map(secs),
                 health,
                 healthy,
             }
@@ -374,6 +381,7 @@ fn relayed(relays: &Relays) -> Vec<ResourceStatus> {
                 version: s.version.map(|v| v.to_header_value()),
                 subscribers: s.subscribers,
                 last_change_secs_ago: s.last_update.map(secs),
+                poll_interval_secs: None,
                 health: health.to_string(),
                 healthy,
             }

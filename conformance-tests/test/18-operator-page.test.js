@@ -56,7 +56,8 @@ test('the operator page shows a subscribed resource and its subscribers, live', 
       return last && last[1] === 'poll' && last[3] === String(subscribers) && /^"d\d+"$/.test(last[2])
     }
     await waitFor(shows(3), 15000, { interval: 100, message: () => `no /notes.txt row with 3 subscribers\n${explain()}` })
-    assert.match(last[5], /polled .* ago/, explain())
+    assert.match(last[5], /^\d+(\.\d)? s$/, explain()) // polled every
+    assert.match(last[6], /polled .* ago/, explain())
     assert.equal(await admin.textContent('#upstream-health'), 'healthy')
     // Deliveries per second need two readings; the clock ticks every second.
     await waitFor(async () => Number(await admin.textContent('#deliveries')) > 0, 10000, {

@@ -473,7 +473,7 @@ async fn fetch(
         inner
             .watchers
             .not_modified(resource, response.headers(), timing, asked);
-        resource.validated(true);
+        resource.validated(Some(sent));
         Metrics::inc(&inner.metrics.cache_revalidated_total);
         if let Some(answer) = from_stored(&probe, resource, CachePhase::Revalidated, config) {
             return Ok(answer);
@@ -494,7 +494,7 @@ async fn fetch(
                 updated.invalid = false;
                 resource.set_stored(Some(updated));
                 drop(recording);
-                resource.validated(true);
+                resource.validated(Some(sent));
                 let outcome = CachePhase::Stored {
                     fwd: Fwd::Stale,
                     status: 200,
@@ -625,7 +625,7 @@ async fn fetch(
                     (timing, ticket),
                     true,
                 );
-                target.validated(true);
+                target.validated(Some(timing.request_time));
                 drop(guard);
                 Metrics::inc(&inner.metrics.cache_misses_total);
                 let phase = CachePhase::Stored {
@@ -638,7 +638,7 @@ async fn fetch(
             let body = std::mem::replace(response.body_mut(), body::empty());
             let done: body::OnComplete = Box::new(move |bytes| {
                 watchers.absorb_fetched(&target, status, &headers, bytes, (timing, ticket), true);
-                target.validated(true);
+                target.validated(Some(timing.request_time));
             });
             *response.body_mut() = body::tee(body, copy_limit, (guard, copy), done);
             CachePhase::Stored {
@@ -669,8 +669,8 @@ fn revalidate_with<B>(
     out: &mut Request<B>,
     stored: &Stored,
 ) -> Option<(Option<HeaderValue>, Option<HeaderValue>)> {
-    let etag = stored.headers.get(header::ETAG).cloned();
-    let modified = stored.headers.get(header::LAST_MODIFIED).cloned();
+    // A same-second Last-Modified is not sent: a 304 to it proves nothing.
+    let (etag, modified) = rules::revalidation_validators(&stored.headers);
     if etag.is_none() && modified.is_none() {
         return None;
     }
@@ -822,7 +822,7 @@ async fn fetch_whole(
     inner
         .watchers
         .absorb_fetched(&target, parts.status, &parts.headers, bytes, sent, true);
-    target.validated(true);
+    target.validated(Some(sent.0.request_time));
     drop(guard);
     from_stored(
         &probe,

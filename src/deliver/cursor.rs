@@ -33,7 +33,6 @@ pub struct Cursor<T> {
     /// The position the client has ([`NONE`]: nothing yet).
     at: u64,
     heartbeat: Option<watch::Receiver<u64>>,
-    sent_since_tick: bool,
     closing: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
     /// What the feed holds for as long as the subscription lives (its
@@ -75,7 +74,6 @@ impl<T: Send + Sync + 'static> Cursor<T> {
             link: parts.link,
             at: parts.at,
             heartbeat: parts.heartbeat,
-            sent_since_tick: false,
             closing: parts.closing,
             metrics: parts.metrics,
             _held: parts.held,
@@ -84,6 +82,9 @@ impl<T: Send + Sync + 'static> Cursor<T> {
             updates: 0,
             bytes: 0,
         };
+        let mut cursor = cursor;
+        // The 209's head is the first write: the first heartbeat counts from it.
+        cursor.wrote();
         let stream = futures_util::stream::unfold(cursor, Cursor::next);
         StreamBody::new(stream).boxed_unsync()
     }
@@ -96,7 +97,9 @@ impl<T: Send + Sync + 'static> Cursor<T> {
             }
             let advanced = self.link.at.load(Acquire);
             if advanced != NONE && (self.at == NONE || advanced > self.at) {
+                // Direct delivery wrote meanwhile: a heartbeat is due later.
                 self.at = advanced;
+                self.wrote();
             }
             let (step, over) = self.window.step_now(self.at)?;
             match step {
@@ -108,7 +111,7 @@ impl<T: Send + Sync + 'static> Cursor<T> {
                 } => {
                     self.at = to;
                     self.link.at.store(self.at, Release);
-                    self.sent_since_tick = true;
+                    self.wrote();
                     self.updates += updates;
                     self.bytes += bytes.len() as u64;
                     self.metrics.updates_sent_total.fetch_add(updates, Relaxed);
@@ -134,7 +137,8 @@ impl<T: Send + Sync + 'static> Cursor<T> {
                 ticked = heartbeat => {
                     if !ticked {
                         self.heartbeat = None;
-                    } else if !std::mem::replace(&mut self.sent_since_tick, false) {
+                    } else if self.beat_is_due() {
+                        self.wrote();
                         Metrics::inc(&self.metrics.heartbeats_sent_total);
                         let beat = braid::encode_heartbeat();
                         self.bytes += beat.len() as u64;
@@ -147,6 +151,29 @@ impl<T: Send + Sync + 'static> Cursor<T> {
         }
     }
 }
+
+impl<T> Cursor<T> {
+    /// Something was written to the client: its next heartbeat is due
+    /// [`TICKS_PER_BEAT`] ticks from now.
+    fn wrote(&mut self) {
+        if let Some(rx) = &self.heartbeat {
+            let now = *rx.borrow();
+            self.link.beat_due.store(now + TICKS_PER_BEAT, Release);
+        }
+    }
+
+    /// Whether the tick seen now is the one a heartbeat is due at.
+    fn beat_is_due(&mut self) -> bool {
+        self.heartbeat
+            .as_mut()
+            .is_some_and(|rx| *rx.borrow_and_update() >= self.link.beat_due.load(Acquire))
+    }
+}
+
+/// Heartbeat ticks per interval ([`crate::serve::subscribe::Heartbeats`]):
+/// a heartbeat is due at the second tick after the last write, so the
+/// silence before it is between half the interval and the interval.
+pub const TICKS_PER_BEAT: u64 = 2;
 
 impl<T> Drop for Cursor<T> {
     /// Logs the close of a subscription, with its duration, updates and bytes.

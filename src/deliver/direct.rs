@@ -167,6 +167,10 @@ pub struct Link {
     returned: Notify,
     /// What is left of a chunk the sweep began but the socket did not take.
     rest: Mutex<Option<Bytes>>,
+    /// The heartbeat tick at which the client's next heartbeat is due
+    /// (set by its cursor on each write; a parked subscription is taken
+    /// back from the sweep only then).
+    pub beat_due: AtomicU64,
 }
 
 impl Default for Link {
@@ -179,6 +183,7 @@ impl Default for Link {
             direct_bytes: AtomicU64::new(0),
             returned: Notify::new(),
             rest: Mutex::new(None),
+            beat_due: AtomicU64::new(0),
         }
     }
 }

@@ -5,4 +5,5 @@
 //! and applies the ones it understands.
 
 pub mod braid;
+pub mod pace;
 pub mod poll;

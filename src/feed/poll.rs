@@ -21,6 +21,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tracing::{debug, warn};
 
+use super::pace::{spread, Budget, Cadence};
 use crate::braid::VersionList;
 use crate::floor::body;
 use crate::floor::rules::{self, Timing};
@@ -38,6 +39,10 @@ pub struct Watchers {
     pub tuning: Tuning,
     pub metrics: Arc<Metrics>,
     pub poll_interval: Duration,
+    /// Longest interval a quiet resource is polled at (`--poll-max-interval`).
+    pub poll_max_interval: Duration,
+    /// What the watchers may ask of the origin (`--origin-rps`, `Retry-After`).
+    pub budget: Budget,
     pub resource_idle: Duration,
     pub max_body_bytes: usize,
     pub max_header_bytes: usize,
@@ -53,46 +58,83 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 struct Watch {
     resource: Arc<Resource>,
     validators: Validators,
+    /// Its interval: short while it changes, long while quiet.
+    cadence: Cadence,
+    /// Polls sent, for the spread of the next interval.
+    turn: u64,
 }
 
 impl Watchers {
     /// Runs the one watcher of `resource` until it has had no subscribers
-    /// for `--resource-idle`. Its requests carry the resource's template
-    /// headers (the creating client's identity and forwarding headers).
-    /// `seeded`: the resource's first state came from the client's own
-    /// request, so the first poll waits one interval.
+    /// for `--resource-idle`. While it has subscribers it polls, at an
+    /// interval that starts at `--poll-interval` and doubles while the
+    /// resource is quiet, up to `--poll-max-interval` (a change, a write,
+    /// a refresh or a new subscriber brings it back), within the origin's
+    /// budget ([`Budget`]). Without subscribers it polls only when woken:
+    /// a new subscription wakes it and waits for that answer before its
+    /// 209 names a version ([`Watchers::revalidate_for`]). Its requests
+    /// carry the resource's template headers (the creating client's
+    /// identity and forwarding headers). `seeded`: the resource's first
+    /// state came from the client's own request, so the first poll waits
+    /// one interval.
     pub async fn watch(self: Arc<Self>, resource: Arc<Resource>, seeded: bool) {
         let validators = resource
             .stored()
-            .map(|s| Validators {
-                etag: s.headers.get(header::ETAG).cloned(),
-                last_modified: s.headers.get(header::LAST_MODIFIED).cloned(),
-            })
+            .map(|s| Validators::of(&s.headers))
             .unwrap_or_default();
         let mut w = Watch {
             resource,
             validators,
+            cadence: Cadence::new(self.poll_interval, self.poll_max_interval),
+            turn: 0,
         };
         let mut poll_backoff: Option<Duration> = None;
         let mut woken = !seeded; // the creator wants a first state
         let mut skip = seeded;
         loop {
             if self.shutting_down() || w.resource.is_gone() {
+                w.resource.set_poll_interval(None);
                 return;
             }
             let subscribed = w.resource.subscribers() > 0;
             if !std::mem::take(&mut skip) && (woken || subscribed) {
-                let heard = self.poll_once(&mut w).await;
-                w.resource.validated(heard.answered());
-                poll_backoff = if heard == Heard::Recorded {
-                    None
-                } else {
-                    Some(poll_backoff.map_or(self.poll_interval, |b| (b * 2).min(MAX_BACKOFF)))
+                if woken {
+                    // A write, a refresh or a new subscriber: the resource
+                    // is expected to change, or someone waits for it.
+                    w.cadence.reset();
+                }
+                let urgent = woken || w.cadence.lively();
+                let offset = spread(w.cadence.current(), w.resource.id(), w.turn) / 2;
+                let mut closing = self.closing.clone();
+                tokio::select! {
+                    _ = self.budget.admit(urgent, offset) => {}
+                    _ = closing.changed() => continue,
+                }
+                w.turn += 1;
+                let (heard, sent_at) = self.poll_once(&mut w).await;
+                w.resource.validated(heard.answered().then_some(sent_at));
+                poll_backoff = match heard {
+                    Heard::Changed => {
+                        w.cadence.reset();
+                        None
+                    }
+                    Heard::Same => {
+                        if !woken {
+                            w.cadence.quiet();
+                        }
+                        None
+                    }
+                    Heard::Unusable | Heard::Nothing => {
+                        Some(poll_backoff.map_or(self.poll_interval, |b| (b * 2).min(MAX_BACKOFF)))
+                    }
                 };
             }
             let wait = if w.resource.subscribers() > 0 {
-                poll_backoff.unwrap_or(self.poll_interval)
+                let wait = poll_backoff.unwrap_or_else(|| w.cadence.current());
+                w.resource.set_poll_interval(Some(wait));
+                spread(wait, w.resource.id(), w.turn)
             } else {
+                w.resource.set_poll_interval(None);
                 self.poll_interval
                     .min(self.resource_idle)
                     .max(Duration::from_millis(10))
@@ -100,7 +142,54 @@ impl Watchers {
             woken = self.pause(&w, wait).await;
             if !woken && self.registry.watcher_done(&w.resource, self.resource_idle) {
                 debug!(resource = w.resource.key(), "resource idle; watcher ends");
+                w.resource.set_poll_interval(None);
                 return;
+            }
+        }
+    }
+
+    /// Before a new subscription's 209 names `resource`'s version: unless
+    /// the origin answered a request sent within `--poll-interval` before
+    /// `asked.0` (when the subscription arrived; its watcher is as current
+    /// as that), or `asked.1` (the client's version is unknown here), the
+    /// watcher is woken and this waits, up to `limit`, for the answer to a
+    /// request sent since then. An idle resource's stored state is an old
+    /// answer, not the present: named current, a client coming from
+    /// another shield that saw newer would go back. True when the state is
+    /// as current as such an answer (or needed none). `wake`: false when
+    /// its watcher was just started and polls at once anyway.
+    pub async fn revalidate_for(
+        &self,
+        resource: &Resource,
+        asked: (SystemTime, bool),
+        wake: bool,
+        limit: Duration,
+    ) -> bool {
+        let (asked, parents_unknown) = asked;
+        let recent = resource.validation().sent_at.is_some_and(|sent| {
+            asked
+                .duration_since(sent)
+                .is_ok_and(|age| age < self.poll_interval)
+        });
+        if recent && !parents_unknown {
+            return true;
+        }
+        if wake {
+            resource.refresh();
+        }
+        let mut rx = resource.validations();
+        let deadline = Instant::now() + limit;
+        loop {
+            if rx
+                .borrow_and_update()
+                .sent_at
+                .is_some_and(|sent| sent >= asked)
+            {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline.into(), rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return false,
             }
         }
     }
@@ -118,10 +207,12 @@ impl Watchers {
         let mut w = Watch {
             resource: resource.clone(),
             validators: Validators::default(),
+            cadence: Cadence::new(self.poll_interval, self.poll_max_interval),
+            turn: 0,
         };
         let sent = (timing.request_time, ticket, Validators::default());
         let heard = self.absorb_plain(&mut w, response, sent).await;
-        resource.validated(heard.answered());
+        resource.validated(heard.answered().then_some(timing.request_time));
     }
 
     /// True once the proxy shuts down (or is gone).
@@ -140,7 +231,8 @@ impl Watchers {
         }
     }
 
-    /// Sends a conditional poll of the resource; its answer, when it was
+    /// Sends a poll of the resource, conditional on a strong validator
+    /// unless a refresh asked for the whole body; its answer, when it was
     /// sent, its ticket, and the validators it carried.
     async fn send(&self, w: &Watch) -> Result<(Response<Incoming>, Sent), String> {
         let mut req = self
@@ -148,7 +240,8 @@ impl Watchers {
             .map_err(|e| e.to_string())?;
         let headers = req.headers_mut();
         let mut asked = Validators::default();
-        if w.resource.head().seq > 0 {
+        let refetch = w.resource.take_refetch();
+        if w.resource.head().seq > 0 && !refetch {
             if let Some(etag) = &w.validators.etag {
                 headers.insert(header::IF_NONE_MATCH, etag.clone());
                 asked.etag = Some(etag.clone());
@@ -158,6 +251,7 @@ impl Watchers {
             }
         }
         let sent = (SystemTime::now(), Ticket::take(), asked);
+        Metrics::inc(&self.metrics.polls_total);
         let response = self
             .client
             .send_watch(req)
@@ -190,14 +284,19 @@ impl Watchers {
         Ok(req)
     }
 
-    /// One conditional request; publishes what changed.
-    async fn poll_once(&self, w: &mut Watch) -> Heard {
+    /// One poll; publishes what changed. What it heard, and when its
+    /// request was sent.
+    async fn poll_once(&self, w: &mut Watch) -> (Heard, SystemTime) {
+        let started = SystemTime::now();
         match self.send(w).await {
-            Ok((response, sent)) => self.absorb_plain(w, response, sent).await,
+            Ok((response, sent)) => {
+                let at = sent.0;
+                (self.absorb_plain(w, response, sent).await, at)
+            }
             Err(reason) => {
                 // Logged once, where the failure enters: UpstreamHealth.
                 debug!(resource = w.resource.key(), %reason, "poll failed");
-                Heard::Nothing
+                (Heard::Nothing, started)
             }
         }
     }
@@ -221,7 +320,22 @@ impl Watchers {
                 w.validators = Validators::default();
                 resource.wake.notify_one();
             }
-            return Heard::Recorded;
+            return Heard::Same;
+        }
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            if let Some(wait) = super::pace::retry_after(response.headers()) {
+                // The origin is one: every watcher waits, not only this one.
+                warn!(
+                    resource = resource.key(),
+                    status = status.as_u16(),
+                    wait_ms = wait.min(super::pace::MAX_ORIGIN_PAUSE).as_millis() as u64,
+                    "origin asked for fewer requests; every watcher pauses"
+                );
+                self.budget.pause(wait);
+            }
         }
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
             return self.denied(&resource, response, ticket).await;
@@ -245,10 +359,7 @@ impl Watchers {
             warn!(resource = resource.key(), %refusal, "cannot track this resource");
             return Heard::Unusable;
         }
-        w.validators = Validators {
-            etag: response.headers().get(header::ETAG).cloned(),
-            last_modified: response.headers().get(header::LAST_MODIFIED).cloned(),
-        };
+        w.validators = Validators::of(response.headers());
         let declared = response
             .headers()
             .get(header::CONTENT_LENGTH)
@@ -267,11 +378,12 @@ impl Watchers {
                     resource = resource.key(),
                     "origin body over max-body-bytes; not tracked"
                 );
+                let mut changed = false;
                 if let Some(recording) = resource.record(ticket) {
                     let change = Change::derived(too_large(self.max_body_bytes));
-                    recording.publish(change, &self.history, &self.tuning, &self.metrics);
+                    changed = recording.publish(change, &self.history, &self.tuning, &self.metrics);
                 }
-                return Heard::Recorded;
+                return Heard::of(changed);
             }
             Err(BodyFailure::Broken(reason)) => {
                 warn!(resource = resource.key(), %reason, "origin body failed");
@@ -284,7 +396,7 @@ impl Watchers {
             rules::vary(&parts.headers),
             rules::Vary::Names(ref names) if names.contains(&header::ACCEPT_ENCODING)
         );
-        self.absorb_fetched(
+        let changed = self.absorb_fetched(
             &resource,
             parts.status,
             &parts.headers,
@@ -292,7 +404,7 @@ impl Watchers {
             (timing, ticket),
             for_gets,
         );
-        Heard::Recorded
+        Heard::of(changed)
     }
 
     /// Records a 401 or 403 to the watcher's poll: the origin refused the
@@ -337,7 +449,7 @@ impl Watchers {
         drop(recording);
         resource.set_stored(None);
         self.registry.forget(resource);
-        Heard::Recorded
+        Heard::Changed
     }
 
     /// Detaches `resource` when the origin's answer shows that it is not
@@ -419,6 +531,7 @@ impl Watchers {
     /// plain GETs. The one path every plain answer takes into the state.
     /// `sent.1`: the ticket its request took when sent; an answer to a
     /// request sent before one whose answer (or a write) is recorded is not.
+    /// True when it published a new version.
     pub fn absorb_fetched(
         &self,
         resource: &Resource,
@@ -427,7 +540,7 @@ impl Watchers {
         body: Bytes,
         sent: (Timing, Ticket),
         for_gets: bool,
-    ) {
+    ) -> bool {
         let (timing, ticket) = sent;
         let Some(recording) = resource.record(ticket) else {
             // Asked before a newer answer or a write through the proxy was
@@ -437,7 +550,7 @@ impl Watchers {
                 "answer to an earlier request than one recorded; not recorded"
             );
             resource.wake.notify_one();
-            return;
+            return false;
         };
         let encoded = headers
             .get(header::CONTENT_ENCODING)
@@ -492,6 +605,7 @@ impl Watchers {
         }
         drop(recording);
         self.registry.enforce_cap();
+        changed
     }
 
     /// Reads a body up to the limit, bounded in time by the response timeout.
@@ -539,8 +653,11 @@ fn text_header(headers: &http::HeaderMap, name: header::HeaderName) -> Option<St
 /// What one poll heard from the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Heard {
-    /// An answer, recorded (a 200, 304, 404, 410, 401 or 403).
-    Recorded,
+    /// An answer that made a new version (a 200, 404 or 410 with another
+    /// state than the one held, a 401 or 403).
+    Changed,
+    /// An answer that showed the state held (a 304, or the same body).
+    Same,
     /// An answer it could not use (another 4xx, a 3xx, one it cannot
     /// track): the upstream answered; the watcher backs off.
     Unusable,
@@ -549,6 +666,13 @@ enum Heard {
 }
 
 impl Heard {
+    fn of(changed: bool) -> Heard {
+        match changed {
+            true => Heard::Changed,
+            false => Heard::Same,
+        }
+    }
+
     /// Whether the upstream answered, for readiness ([`Resource::unheard`]).
     fn answered(self) -> bool {
         self != Heard::Nothing
@@ -563,6 +687,19 @@ type Sent = (SystemTime, Ticket, Validators);
 struct Validators {
     etag: Option<HeaderValue>,
     last_modified: Option<HeaderValue>,
+}
+
+impl Validators {
+    /// Those an answer's headers give that a 304 may be trusted on: its
+    /// ETag, and its Last-Modified only when strong (RFC 9110 §8.8.2.2; a
+    /// same-second one is not sent, and the whole body is compared).
+    fn of(headers: &http::HeaderMap) -> Validators {
+        let (etag, last_modified) = rules::revalidation_validators(headers);
+        Validators {
+            etag,
+            last_modified,
+        }
+    }
 }
 
 /// Waits until a revalidation newer than `since` has completed, or `limit` passes.

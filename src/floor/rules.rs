@@ -703,6 +703,31 @@ pub fn stored_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// The `Last-Modified` of an answer when it is a strong validator (RFC 9110
+/// §8.8.2.2): the answer's own `Date` is at least one second after it. A
+/// modification time within the second of the answer (or an answer without
+/// a `Date`) may name two bodies written in that second, so a 304 to an
+/// `If-Modified-Since` with it would prove nothing: `None`, and the
+/// resource is fetched in full (its body's hash tells whether it changed).
+pub fn strong_last_modified(headers: &HeaderMap) -> Option<&HeaderValue> {
+    let value = headers.get(header::LAST_MODIFIED)?;
+    let modified = date_header(headers, header::LAST_MODIFIED)?;
+    let date = date_header(headers, header::DATE)?;
+    let after = date.duration_since(modified).ok()?;
+    (after >= Duration::from_secs(1)).then_some(value)
+}
+
+/// The validators a cache revalidates a stored answer with, from its
+/// headers: its `ETag` (an origin's weak one still names a representation
+/// it calls equivalent), and its `Last-Modified` only where it is strong
+/// ([`strong_last_modified`]). `(None, None)`: ask unconditionally.
+pub fn revalidation_validators(stored: &HeaderMap) -> (Option<HeaderValue>, Option<HeaderValue>) {
+    (
+        stored.get(header::ETAG).cloned(),
+        strong_last_modified(stored).cloned(),
+    )
+}
+
 /// Whether a 304 is about the stored answer whose headers are `stored`
 /// (RFC 9111 §4.3.4): the request asked with the stored answer's validator
 /// (`etag` sent in `If-None-Match`, else `modified` in `If-Modified-Since`),
@@ -767,6 +792,40 @@ pub fn merge_not_modified(stored: &HeaderMap, update: &HeaderMap) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_modified_is_strong_a_second_before_the_date() {
+        let with = |modified: &str, date: Option<&str>| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                header::LAST_MODIFIED,
+                HeaderValue::from_str(modified).unwrap(),
+            );
+            if let Some(date) = date {
+                h.insert(header::DATE, HeaderValue::from_str(date).unwrap());
+            }
+            h
+        };
+        let lm = "Mon, 07 Dec 2026 10:00:00 GMT";
+        // Same second: two writes in it share the date.
+        assert!(strong_last_modified(&with(lm, Some(lm))).is_none());
+        // No Date: nothing tells.
+        assert!(strong_last_modified(&with(lm, None)).is_none());
+        // A Date before it (clock skew) is no proof either.
+        let before = "Mon, 07 Dec 2026 09:59:59 GMT";
+        assert!(strong_last_modified(&with(lm, Some(before))).is_none());
+        let later = "Mon, 07 Dec 2026 10:00:01 GMT";
+        assert!(strong_last_modified(&with(lm, Some(later))).is_some());
+        assert_eq!(
+            revalidation_validators(&with(lm, Some(lm))),
+            (None, None),
+            "a same-second date is not sent as If-Modified-Since"
+        );
+        let mut tagged = with(lm, Some(lm));
+        tagged.insert(header::ETAG, HeaderValue::from_static("W/\"1\""));
+        assert_eq!(revalidation_validators(&tagged).1, None);
+        assert!(revalidation_validators(&tagged).0.is_some());
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

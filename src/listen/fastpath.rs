@@ -288,9 +288,17 @@ async fn parked(
             Spoke::Spoke => { *peer_open = false; Why::Take(Waited::Spoke) }
         },
         _ = async {
-            match heartbeat.as_mut() {
-                Some(h) => { let _ = h.changed().await; }
-                None => std::future::pending().await,
+            // Taken back from the sweep only when a heartbeat is due.
+            let Some(h) = heartbeat.as_mut() else {
+                return std::future::pending().await;
+            };
+            loop {
+                if h.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                if *h.borrow_and_update() >= handle.link.beat_due.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
             }
         } => Why::Take(Waited::Resumed),
         _ = closing.changed() => Why::Take(Waited::Resumed),

@@ -28,7 +28,12 @@ use crate::metrics::Metrics;
 use crate::state::{Head, History, Resource, State, Stored};
 
 /// Shared heartbeat tickers, one per interval in milliseconds: every idle
-/// subscriber with that interval observes the same tick.
+/// subscriber with that interval observes the same tick. A ticker ticks
+/// twice per interval, and a subscriber's heartbeat is due at the second
+/// tick after its last write ([`crate::deliver::cursor`]): its first
+/// heartbeat comes between half the interval and the interval after its
+/// 209, and it is never silent longer than the interval it asked for
+/// (clients count 1.5 intervals of silence as a dead stream).
 #[derive(Default)]
 pub struct Heartbeats {
     tickers: Mutex<HashMap<u64, watch::Sender<u64>>>,
@@ -39,12 +44,19 @@ const MAX_HEARTBEAT_MS: u64 = 3_600_000;
 /// Shortest heartbeat interval honoured, in milliseconds.
 const MIN_HEARTBEAT_MS: u64 = 10;
 
+/// A heartbeat interval as honoured: rounded up to whole milliseconds,
+/// within 10 ms and an hour (also what goes to a Braid upstream).
+pub fn honoured_heartbeat(interval: Duration) -> Duration {
+    let ms = (interval.as_secs_f64() * 1000.0)
+        .ceil()
+        .clamp(MIN_HEARTBEAT_MS as f64, MAX_HEARTBEAT_MS as f64) as u64;
+    Duration::from_millis(ms)
+}
+
 impl Heartbeats {
-    /// A receiver ticking every `interval` (rounded up to whole milliseconds).
+    /// A receiver ticking twice every `interval` ([`honoured_heartbeat`]).
     pub fn ticker(self: &Arc<Self>, interval: Duration) -> watch::Receiver<u64> {
-        let ms = (interval.as_secs_f64() * 1000.0)
-            .ceil()
-            .clamp(MIN_HEARTBEAT_MS as f64, MAX_HEARTBEAT_MS as f64) as u64;
+        let ms = honoured_heartbeat(interval).as_millis() as u64;
         let mut tickers = self.tickers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = tickers.get(&ms) {
             return tx.subscribe();
@@ -53,7 +65,7 @@ impl Heartbeats {
         tickers.insert(ms, tx.clone());
         let this = self.clone();
         tokio::spawn(async move {
-            let period = Duration::from_millis(ms);
+            let period = Duration::from_millis(ms) / crate::deliver::cursor::TICKS_PER_BEAT as u32;
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

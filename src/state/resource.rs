@@ -16,7 +16,7 @@ use tokio::sync::{watch, Notify};
 use super::key::Key;
 use super::said::State;
 use super::stored::{header_bytes, AnswerRules, Stored};
-use super::version::{same_strong, version_of};
+use super::version::{hashed_version, same_strong, version_of};
 use crate::braid::{self, Patch, Update, VersionList};
 use crate::diff;
 use crate::error::Refusal;
@@ -263,6 +263,8 @@ pub struct Resource {
     window: Mutex<Recent>,
     /// Wakes the watcher for an immediate revalidation.
     pub wake: Notify,
+    /// What its watcher's next poll must be, and how often it asks.
+    polling: Polling,
     /// Bumped after every revalidation attempt, successful or not.
     validated: watch::Sender<Validation>,
     /// When a request last used it, for eviction. Its own lock: touched by
@@ -308,11 +310,25 @@ impl Drop for Resource {
     }
 }
 
+/// Marks the watcher reads before each poll ([`Resource::polling`]).
+#[derive(Debug, Default)]
+struct Polling {
+    /// Set by a refresh: the next poll is unconditional (an origin whose
+    /// validator does not change with its body is still heard).
+    refetch: std::sync::atomic::AtomicBool,
+    /// The watcher's current interval in milliseconds (0: not polling),
+    /// for `/status`.
+    interval_ms: AtomicU64,
+}
+
 /// The outcome of the latest revalidation.
 #[derive(Debug, Clone, Default)]
 pub struct Validation {
     /// Bumped after every attempt, successful or not.
     pub generation: u64,
+    /// When the request of the latest answered revalidation was sent: an
+    /// answer is as current as its request, not as its arrival.
+    pub sent_at: Option<std::time::SystemTime>,
     /// When the upstream last answered a revalidation: any well-formed
     /// answer but a 5xx (a 401, 403, 404 or 410 about one client's
     /// request is the upstream answering). What readiness reads
@@ -321,9 +337,11 @@ pub struct Validation {
 }
 
 /// How long a subscribed resource may go without an answer from its
-/// upstream before `/readyz` turns red: three poll intervals, at least 3 s.
-pub fn unheard_limit(poll_interval: Duration) -> Duration {
-    poll_interval.max(Duration::from_secs(1)) * 3
+/// upstream before `/readyz` turns red: three of its longest poll
+/// intervals (`--poll-max-interval`: a quiet resource is polled that
+/// seldom), at least 3 s.
+pub fn unheard_limit(poll_ceiling: Duration) -> Duration {
+    poll_ceiling.max(Duration::from_secs(1)) * 3
 }
 
 /// Numbers the requests sent to origins, in the order they are sent
@@ -402,6 +420,7 @@ impl Resource {
             total,
             window: Mutex::default(),
             wake: Notify::new(),
+            polling: Polling::default(),
             validated: watch::channel(Validation::default()).0,
             last_used: Mutex::new(Instant::now()),
             publishing: Mutex::new(Ticket(0)),
@@ -414,6 +433,11 @@ impl Resource {
     /// resource that outlive a call (they add and remove themselves).
     pub fn held(&self) -> Arc<std::sync::atomic::AtomicUsize> {
         self.total.clone()
+    }
+
+    /// Its number, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether the registry dropped it (evicted, refused or idle).
@@ -602,19 +626,47 @@ impl Resource {
         self.validated.subscribe()
     }
 
-    /// Wakes the watcher for a revalidation now (write-through, refresh
-    /// hook); stored answers are invalidated by [`Resource::invalidate`].
+    /// Wakes the watcher for a revalidation now (write-through, a new
+    /// subscriber); stored answers are invalidated by [`Resource::invalidate`].
     pub fn refresh(&self) {
         self.wake.notify_one();
     }
 
+    /// The refresh hook: the watcher's next poll is unconditional (it
+    /// fetches the body whatever the validators say), and comes now.
+    pub fn refetch(&self) {
+        self.polling.refetch.store(true, Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Whether the next poll must be unconditional; clears the mark.
+    pub fn take_refetch(&self) -> bool {
+        self.polling.refetch.swap(false, Relaxed)
+    }
+
+    /// Records the watcher's current interval (`None`: it does not poll).
+    pub fn set_poll_interval(&self, interval: Option<Duration>) {
+        let ms = interval.map_or(0, |d| (d.as_millis() as u64).max(1));
+        self.polling.interval_ms.store(ms, Relaxed);
+    }
+
+    /// The watcher's current interval, while it polls.
+    pub fn poll_interval(&self) -> Option<Duration> {
+        match self.polling.interval_ms.load(Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
     /// Records the end of a revalidation attempt; `answered`: the
-    /// upstream answered it (see [`Validation::answered_at`]).
-    pub fn validated(&self, answered: bool) {
+    /// upstream answered it, to the request sent then (see
+    /// [`Validation::answered_at`]).
+    pub fn validated(&self, answered: Option<std::time::SystemTime>) {
         self.validated.send_modify(|v| {
             v.generation += 1;
-            if answered {
+            if let Some(sent) = answered {
                 v.answered_at = Some(Instant::now());
+                v.sent_at = Some(v.sent_at.map_or(sent, |s| s.max(sent)));
             }
         });
     }
@@ -686,7 +738,18 @@ impl Resource {
         if named.is_none() && previous.seq > 0 && same_strong(&previous.state, &state) {
             return false;
         }
-        let version = named.unwrap_or(derived);
+        let derived_only = named.is_none();
+        let mut version = named.unwrap_or(derived);
+        if derived_only
+            && previous.seq > 0
+            && matches!(state, State::Present { .. })
+            && previous.digest != digest
+            && self.seq_of(&version).is_some()
+        {
+            // The origin named another body with this ETag already (it kept
+            // its ETag while the body changed): its content names this one.
+            version = hashed_version(&state);
+        }
         if previous.seq > 0 && previous.version == version {
             return false;
         }

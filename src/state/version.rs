@@ -68,17 +68,34 @@ pub(super) fn version_of(state: &State) -> (VersionList, String) {
         } => strong_etag(etag),
         _ => None,
     };
-    let id = strong.unwrap_or_else(|| {
-        let short = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hash[..16]);
-        match state {
-            State::Present { .. } => format!("h-{short}"),
-            _ => format!("s-{short}"),
-        }
-    });
-    let version = VersionId::new(id)
-        .map(VersionList::single)
-        .unwrap_or_default();
+    let version = match strong {
+        Some(id) => VersionId::new(id)
+            .map(VersionList::single)
+            .unwrap_or_default(),
+        None => hash_id(state, &hash),
+    };
     (version, digest)
+}
+
+/// The version a state's content names, whatever its ETag says: for a
+/// body the origin sent under the ETag of another.
+pub(super) fn hashed_version(state: &State) -> VersionList {
+    let mut hasher = Sha256::new();
+    if let State::Present { body, .. } = state {
+        hasher.update(body);
+    }
+    hash_id(state, &hasher.finalize())
+}
+
+fn hash_id(state: &State, hash: &[u8]) -> VersionList {
+    let short = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hash[..16]);
+    let id = match state {
+        State::Present { .. } => format!("h-{short}"),
+        _ => format!("s-{short}"),
+    };
+    VersionId::new(id)
+        .map(VersionList::single)
+        .unwrap_or_default()
 }
 
 /// The version a 200 announces in its headers: a Braid server's `Version`,
