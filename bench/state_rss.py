@@ -20,6 +20,11 @@ binary, each with its own origin (standard library HTTP server on
            another 1 MiB resource, one after another; each reads its status
            line and then never reads again. Counts 209s and 503s; RSS and
            counters are the edge's (the first tier's are printed too);
+  relayburst: (issue 57) the same, the 100 subscriptions sent at once
+           (every request written before any status line is read);
+  burst:   (issue 57) 100 subscriptions sent at once straight to one proxy
+           (--state-bytes 64MiB), each on another 1 MiB resource of the
+           origin, never read past the status line;
   urls1m:  (issue 44 c) 200 distinct 1 MiB URLs, plain GETs, 64MiB;
   hosts1m: (issue 44 c) one 1 MiB URL, 200 GETs with 200 Host headers, 64MiB;
   vary1m:  (issue 44 c) one 1 MiB URL answered with Vary: X-Tenant, 200 GETs
@@ -283,9 +288,31 @@ def probe_headers(binary):
         origin.shutdown()
 
 
-def load_relay(binary, settle):
+def subscribe_at_once(proxy, paths, statuses, held, sampler):
+    """Sends a subscription for every path, each on its own connection,
+    before reading any answer; then reads each status line (and no more)."""
+    pending = []
+    for path in paths:
+        try:
+            s = socket.create_connection((proxy.host, proxy.port), timeout=10)
+            s.sendall(b"GET %s HTTP/1.1\r\nHost: docs.example\r\nSubscribe: true\r\n\r\n" % path.encode())
+            held.append(s)
+            pending.append(s)
+        except OSError:
+            statuses["connect failed"] += 1
+    for s in pending:
+        statuses[status_line(s, 30)] += 1
+        sampler.sample()
+
+
+def load_burst(proxy, sampler, statuses, held, notes):
+    subscribe_at_once(proxy, ["/burst%d" % i for i in range(100)], statuses, held, sampler)
+
+
+def load_relay(binary, settle, at_once=False):
     """Issue 44 b: the edge behind a first tier, 100 never-reading
-    subscribers on 100 distinct 1 MiB resources."""
+    subscribers on 100 distinct 1 MiB resources (issue 57: `at_once`, all
+    sent before any answer is read)."""
     origin = make_origin(1 * MIB)
     tier1 = Proxy(binary, "http://127.0.0.1:%d" % origin.server_address[1])
     edge = None
@@ -297,7 +324,9 @@ def load_relay(binary, settle):
         sampler, sampler1 = Sampler(edge.pid), Sampler(tier1.pid)
         statuses = collections.Counter()
         stop_at = time.time() + 180
-        for i in range(100):
+        if at_once:
+            subscribe_at_once(edge, ["/big%d" % i for i in range(100)], statuses, held, sampler)
+        for i in range(0 if at_once else 100):
             if time.time() > stop_at:
                 statuses["not tried"] += 100 - i
                 break
@@ -315,7 +344,7 @@ def load_relay(binary, settle):
         sampler.stop()
         sampler1.stop()
         end, end1 = rss_mib(edge.pid), rss_mib(tier1.pid)
-        report("relay", 64, base, sampler.peak, end, settle, edge.metrics(), statuses,
+        report("relayburst" if at_once else "relay", 64, base, sampler.peak, end, settle, edge.metrics(), statuses,
                "open subscriber sockets held: %d" % len(held))
         m1 = tier1.metrics()
         print("        first tier (default 256MiB): RSS %.0f -> peak %.0f -> %.0f MiB; state_bytes %.0f MiB, "
@@ -383,7 +412,7 @@ def main():
         raise SystemExit(__doc__)
     binary = args[0]
     settle = int(args[1]) if len(args) > 1 else 12
-    names = ["urls", "hosts", "headers", "relay", "urls1m", "hosts1m", "vary1m", "vary3k", "vary6k"]
+    names = ["urls", "hosts", "headers", "relay", "relayburst", "burst", "urls1m", "hosts1m", "vary1m", "vary3k", "vary6k"]
     if only and not only <= set(names):
         raise SystemExit("unknown workload(s): %s; known: %s" % (
             ",".join(sorted(only - set(names))), ",".join(names)))
@@ -405,6 +434,10 @@ def main():
                 "response headers: %s, %d bytes" % shape)
         elif name == "relay":
             load_relay(binary, settle)
+        elif name == "relayburst":
+            load_relay(binary, settle, at_once=True)
+        elif name == "burst":
+            run(binary, name, "64MiB", MIB, None, load_burst, settle)
         elif name == "urls1m":
             run(binary, name, "64MiB", MIB, None,
                 gets([("/u/%d" % i, "docs.example", []) for i in range(200)]), settle)

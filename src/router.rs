@@ -718,6 +718,25 @@ impl Router {
             (upstream::watcher_template(&req, &inner.config), None)
         };
         let limit = inner.config.response_timeout + inner.config.connect_timeout;
+        // A state about to be made reserves what it will hold before its
+        // body is read (admission checks reservations, so a burst cannot
+        // outrun the count), and gives the rest back once counted.
+        let mut reservation = match &seed {
+            Some((response, ..)) => Some(inner.registry.reserve(first_state_bytes(
+                response.headers(),
+                inner.config.max_body_bytes,
+            ))?),
+            None if !inner
+                .registry
+                .is_tracked(&inner.registry.key_for(&path, &headers, &host)) =>
+            {
+                Some(inner.registry.reserve(first_state_bytes(
+                    &http::HeaderMap::new(),
+                    inner.config.max_body_bytes,
+                ))?)
+            }
+            None => None,
+        };
         // Twice at most: the first answer may name a `Vary` under which
         // this request is another variant than the resource it waited on.
         let mut attempts = 0;
@@ -745,6 +764,7 @@ impl Router {
                     .seed(&resource, response, timing, ticket)
                     .await;
                 drop(seeding);
+                counted_in_full(&resource, reservation.take());
                 if created {
                     // Its first state may have put the proxy over --state-bytes.
                     inner.registry.refuse_if_full(&resource)?;
@@ -779,6 +799,7 @@ impl Router {
                 break (resource, rx, created, seeded, claimed);
             }
         };
+        counted_in_full(&resource, reservation.take());
         if created {
             // Its first state may have put the proxy over --state-bytes.
             inner.registry.refuse_if_full(&resource)?;
@@ -814,6 +835,43 @@ impl Router {
         inner.subscriptions.respond(resource, rx, &braid)
     }
 }
+
+/// Ends `reservation` (if any) once `resource`'s first state is counted in
+/// full: its snapshot, which a new subscriber needs first, is built now,
+/// while the reservation still counts for it.
+fn counted_in_full(resource: &Resource, reservation: Option<crate::state::Reservation>) {
+    let Some(reservation) = reservation else {
+        return;
+    };
+    let head = resource.head();
+    if head.seq > 0 && !head.has_snapshot() {
+        head.snapshot();
+        resource.reweigh();
+    }
+    drop(reservation);
+}
+
+/// What a resource's first state is expected to hold, reserved before it
+/// is read: its body and the snapshot frame built from it, with the
+/// resource's own cost; a body of unknown length is taken as
+/// [`UNKNOWN_BODY_BYTES`] (it is counted as read, and the proxy refuses
+/// more once over the cap), one over `--max-body-bytes` as none (it is
+/// not read).
+fn first_state_bytes(headers: &http::HeaderMap, max_body_bytes: usize) -> usize {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let body = match declared {
+        Some(n) if n > max_body_bytes => 0,
+        Some(n) => n,
+        None => UNKNOWN_BODY_BYTES.min(max_body_bytes),
+    };
+    2 * body + 2 * crate::state::header_bytes(headers) + 4096
+}
+
+/// The body length reserved for a first state whose length is not declared.
+const UNKNOWN_BODY_BYTES: usize = 256 * 1024;
 
 /// A client's address as `SocketAddr` displays it; an IPv4 one written
 /// in one piece, without the formatter's padding logic (it runs for every

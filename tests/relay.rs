@@ -1018,26 +1018,33 @@ async fn the_operators_status_lists_a_relayed_subscription_and_its_subscribers()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_upstream_subscription_over_the_state_cap_is_refused() {
-    // Every URL's first update is a 1.5 MiB snapshot; the cap is 1 MiB.
+    // Every URL's first update is a 1.5 MiB snapshot; the cap is 4 MiB:
+    // one session holds it twice (window and model), a second does not fit.
     const DOC: usize = 1536 * 1024;
+    const MIB: usize = 1024 * 1024;
     let doc = vec![b'x'; DOC];
     let mut update =
         format!("Version: \"v1\"\r\nContent-Length: {}\r\n\r\n", doc.len()).into_bytes();
     update.extend_from_slice(&doc);
     let upstream = Upstream::start(move |_, _| Script::stream(&update)).await;
-    let (addr, _) = proxy(&upstream, |c| c.state_bytes = 1024 * 1024).await;
+    let (addr, admin) = proxy(&upstream, |c| c.state_bytes = 4 * MIB).await;
     let first = subscribe(addr, "/one", &[]).await;
     assert_eq!(first.status().as_u16(), 209);
     let mut body = first.into_body();
     assert!(read_bytes(&mut body, DOC).await.len() >= DOC);
-    // Its window now holds more than the cap: another URL gets no session.
+    // Another URL: its session stops reading once over the cap, and its
+    // opener gets 503 rather than a 209 the proxy cannot hold.
     let second = subscribe(addr, "/two", &[]).await;
     assert_eq!(second.status().as_u16(), 503);
     let reason = common::body_of(second).await;
     assert!(String::from_utf8_lossy(&reason).contains("--state-bytes"));
-    assert_eq!(
-        upstream.requests().len(),
-        1,
-        "the refused one never went upstream"
+    let held = common::wire::metric(admin, "state_bytes").await as usize;
+    assert!(
+        held <= 4 * MIB + 4 * MIB / 10,
+        "{held} bytes held against 4 MiB"
     );
+    // A first update larger than the whole cap is refused the same way.
+    let (small, _) = proxy(&upstream, |c| c.state_bytes = MIB).await;
+    let too_big = subscribe(small, "/three", &[]).await;
+    assert_eq!(too_big.status().as_u16(), 503);
 }

@@ -134,6 +134,11 @@ impl Framer {
         self.buf.len()
     }
 
+    /// Bytes its read buffer holds (what it costs, framed or not).
+    pub fn held(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// The next piece, `Ok(None)` when more bytes are needed.
     pub fn next_piece(&mut self) -> Result<Option<Piece>, FrameError> {
         if self.at.scan == 0 {

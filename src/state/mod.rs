@@ -14,7 +14,7 @@ pub mod stored;
 pub mod version;
 
 pub use key::{path_of, Key};
-pub use registry::{Registry, RegistryLimits};
+pub use registry::{Registry, RegistryLimits, Reservation};
 pub use resource::{
     unheard_limit, Change, Head, History, Kind, Recording, Resource, Ticket, Tuning, Validation,
 };

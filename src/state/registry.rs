@@ -69,6 +69,26 @@ pub struct Registry {
     /// Bytes held outside the resources' own weights (windows, relayed
     /// windows, copies of answers in flight), counted against the same cap.
     others: Mutex<Vec<HeldElsewhere>>,
+    /// Bytes admissions reserved and have not counted yet ([`Reservation`]).
+    reserved: Arc<std::sync::atomic::AtomicUsize>,
+    /// Held while one admission checks the cap and reserves, so that a
+    /// burst of admissions sees each other's reservations.
+    admitting: Mutex<()>,
+}
+
+/// Bytes an admission (a new subscription's first state) expects to hold,
+/// counted against `--state-bytes` from before its first byte is read
+/// until the state itself is counted; given back when dropped.
+#[must_use = "a reservation counts only while it is held"]
+pub struct Reservation {
+    bytes: usize,
+    reserved: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.reserved.fetch_sub(self.bytes, Relaxed);
+    }
 }
 
 /// Reads the bytes one other holder keeps now.
@@ -84,11 +104,35 @@ impl Registry {
             limits,
             metrics,
             others: Mutex::default(),
+            reserved: Arc::default(),
+            admitting: Mutex::default(),
         }
     }
 
+    /// Reserves `bytes` of `--state-bytes` for a state about to be made
+    /// (evicting idle resources to make room), or the refusal (503) when
+    /// they do not fit: checked and taken under one lock, so that
+    /// admissions arriving together cannot all pass a check made before
+    /// any of their bytes are counted.
+    pub fn reserve(&self, bytes: usize) -> Result<Reservation, Refusal> {
+        let _one = lock(&self.admitting);
+        let cap = self.limits.state_bytes;
+        if self.state_bytes().saturating_add(bytes) > cap {
+            self.evict_idle_until(cap.saturating_sub(bytes));
+        }
+        if self.state_bytes().saturating_add(bytes) > cap {
+            Metrics::inc(&self.metrics.state_refusals_total);
+            return Err(state_full(cap));
+        }
+        self.reserved.fetch_add(bytes, Relaxed);
+        Ok(Reservation {
+            bytes,
+            reserved: self.reserved.clone(),
+        })
+    }
+
     /// Whether `key` is tracked now.
-    fn is_tracked(&self, key: &Key) -> bool {
+    pub fn is_tracked(&self, key: &Key) -> bool {
         lock(&self.urls)
             .get(&key.path)
             .is_some_and(|v| v.by_key.contains_key(&key.secondary))
@@ -417,7 +461,7 @@ impl Registry {
     /// with [`Registry::count_also`]: what `--state-bytes` caps.
     pub fn state_bytes(&self) -> usize {
         let others: usize = lock(&self.others).iter().map(|held| held()).sum();
-        self.total.load(Relaxed) + others
+        self.total.load(Relaxed) + others + self.reserved.load(Relaxed)
     }
 
     /// Whether more than `--state-bytes` is held.
@@ -438,7 +482,12 @@ impl Registry {
         if self.state_bytes() <= cap {
             return;
         }
-        let target = cap - cap / 8;
+        self.evict_idle_until(cap - cap / 8);
+    }
+
+    /// Evicts resources nobody uses, least recently used first, until at
+    /// most `target` bytes are held (or none is left to evict).
+    fn evict_idle_until(&self, target: usize) {
         let mut idle: Vec<(Instant, Arc<Resource>)> = lock(&self.urls)
             .values()
             .flat_map(|v| v.by_key.values())

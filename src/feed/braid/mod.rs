@@ -164,6 +164,14 @@ pub struct Session {
     exclusive: AtomicBool,
     /// The `Parents` the opening request carried.
     opened_with: Option<VersionList>,
+    /// Its opener was answered: from then on its reads are never refused.
+    /// Until then (a subscription without `Parents`, whose first update is
+    /// the whole state) it stops reading, and its opener gets 503, once the
+    /// proxy is over `--state-bytes`: a burst of new sessions cannot read
+    /// past the cap before any of them is counted.
+    admitted: AtomicBool,
+    /// It ended because the proxy was full while its first update was read.
+    refused_full: AtomicBool,
     /// The updates received. Its own lock: taken per read of the upstream
     /// and per subscriber step, and only briefly.
     window: Mutex<Received>,
@@ -256,12 +264,19 @@ struct Tick {
     seeded: bool,
 }
 
+/// How long a new session opened without `Parents` waits for the first
+/// bytes of its first update before its opener is answered anyway.
+const FIRST_UPDATE_GRACE: Duration = Duration::from_millis(250);
+
 /// Why an upstream stream is over.
 enum Over {
     Ended,
     Broken(String),
     /// The upstream sent what does not frame as an update.
     Malformed(String),
+    /// The proxy went over `--state-bytes` while the session's first
+    /// update was read, before its opener was answered.
+    Full,
     Silent(Duration),
     NoSubscribers,
     Closing,
@@ -495,6 +510,8 @@ impl Relays {
             }),
             exclusive: AtomicBool::new(false),
             opened_with: braid.parents.clone().filter(|p| !p.is_empty()),
+            admitted: AtomicBool::new(braid.parents.as_ref().is_some_and(|p| !p.is_empty())),
+            refused_full: AtomicBool::new(false),
             window: Mutex::default(),
             tick: watch::channel(Tick::default()).0,
             subscribers: AtomicUsize::new(0),
@@ -640,7 +657,53 @@ impl Relays {
         session.tick.send_modify(|t| t.opened = Some(true));
         self.metrics.upstream_subscriptions.fetch_add(1, Relaxed);
         tokio::spawn(self.clone().read(session.clone(), body, silence));
+        self.first_update(&session).await?;
         Ok(Relayed::Answer(self.respond(session, 0)?))
+    }
+
+    /// Waits (up to `--response-timeout`) until a session opened without
+    /// `Parents` has read its first update, the whole state, counted as it
+    /// was read: `Err` (503) when the proxy went over `--state-bytes`
+    /// meanwhile and the session stopped. Marks it admitted.
+    async fn first_update(&self, session: &Session) -> Result<(), Refusal> {
+        if session.admitted.load(Relaxed) {
+            return Ok(());
+        }
+        let mut tick = session.tick.subscribe();
+        let started = tokio::time::Instant::now();
+        let wait = async {
+            loop {
+                if tick.borrow_and_update().ended {
+                    return;
+                }
+                let (seen, unframed) = {
+                    let window = lock(&session.window);
+                    (window.seen_update, window.partial.1)
+                };
+                // An upstream that sends no update at once (a Braid server
+                // may wait for a change) is not waited for.
+                if seen || (unframed == 0 && started.elapsed() >= FIRST_UPDATE_GRACE) {
+                    return;
+                }
+                tokio::select! {
+                    _ = tick.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(self.config.response_timeout, wait).await;
+        session.admitted.store(true, Relaxed);
+        if session.refused_full.load(Relaxed) {
+            Metrics::inc(&self.metrics.state_refusals_total);
+            return Err(Refusal::Unavailable {
+                reason: format!(
+                    "the proxy's state went over --state-bytes ({} bytes) while this subscription's first update was read; retry later",
+                    self.config.state_bytes
+                ),
+                retry_after: Duration::from_secs(5),
+            });
+        }
+        Ok(())
     }
 
     /// Keys the session by what its 209 says the answer depends on: the

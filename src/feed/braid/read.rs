@@ -38,6 +38,9 @@ pub(super) struct Received {
     /// What the session's model holds ([`Model::weight`]), counted with
     /// the window's bytes.
     pub(super) model: usize,
+    /// What the framer's read buffer holds (an update being read), counted
+    /// with the window's bytes; and how much of it is not framed yet.
+    pub(super) partial: (usize, usize),
     /// Blank lines framed since the newest update.
     pub(super) blanks_since_update: usize,
     /// How many blank lines the upstream writes after an update, as it did
@@ -94,6 +97,10 @@ impl Over {
             Over::Ended => "ended by the upstream".to_string(),
             Over::Broken(e) => format!("broken: {e}"),
             Over::Malformed(e) => format!("ended on a malformed update: {e}"),
+            Over::Full => {
+                "the proxy's state went over --state-bytes while its first update was read"
+                    .to_string()
+            }
             Over::Silent(d) => format!("no byte for {d:?} (heartbeats stopped)"),
             Over::NoSubscribers => "its last subscriber left".to_string(),
             Over::Closing => "the proxy shuts down".to_string(),
@@ -150,6 +157,17 @@ impl Received {
     pub(super) fn release(&mut self, total: &AtomicUsize) {
         total.fetch_sub(std::mem::take(&mut self.bytes), Relaxed);
         total.fetch_sub(std::mem::take(&mut self.model), Relaxed);
+        total.fetch_sub(std::mem::take(&mut self.partial).0, Relaxed);
+    }
+
+    /// Counts what the framer holds now, and notes how much is unframed.
+    pub(super) fn count_partial(&mut self, framer: &Framer, total: &AtomicUsize) {
+        let held = framer.held();
+        total.fetch_add(held, Relaxed);
+        total.fetch_sub(
+            std::mem::replace(&mut self.partial, (held, framer.buffered())).0,
+            Relaxed,
+        );
     }
 
     /// Counts what the session's model holds now (`now` bytes) with the window.
@@ -310,6 +328,9 @@ impl Relays {
                 return Some(over);
             }
         }
+        if let Some(over) = self.refused_while_opening(session) {
+            return Some(over);
+        }
         for _ in 0..64 {
             match futures_util::FutureExt::now_or_never(body.frame())? {
                 None => return Some(Over::Ended),
@@ -319,6 +340,7 @@ impl Relays {
                         .into_data()
                         .ok()
                         .and_then(|data| self.absorb(session, framer, &data))
+                        .or_else(|| self.refused_while_opening(session))
                     {
                         return Some(over);
                     }
@@ -326,6 +348,16 @@ impl Relays {
             }
         }
         None
+    }
+
+    /// [`Over::Full`] for a session whose opener is not answered yet, once
+    /// the bytes read (counted as they are) put the proxy over the cap.
+    fn refused_while_opening(&self, session: &Session) -> Option<Over> {
+        if session.admitted.load(Relaxed) || !self.registry.is_full() {
+            return None;
+        }
+        session.refused_full.store(true, Relaxed);
+        Some(Over::Full)
     }
 
     /// Whether the newest entry is an update subscribers have not heard of
@@ -427,7 +459,10 @@ impl Relays {
             && window.first + window.entries.len() as u64 > announced;
         loop {
             let entry = match framer.next_piece() {
-                Ok(None) => return None,
+                Ok(None) => {
+                    window.count_partial(framer, &self.window_bytes);
+                    return None;
+                }
                 Ok(Some(Piece::Blank(raw))) if after_update => {
                     window.framed(false);
                     if let Some((old, new)) = window.extend_last(&raw, &self.window_bytes) {
