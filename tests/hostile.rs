@@ -426,3 +426,84 @@ async fn a_path_purge_covers_the_empty_query_and_status_hides_path_parameters() 
         );
     }
 }
+
+/// An origin that answers `Vary: X-Tenant`, storable for ten minutes, with
+/// `tenant=<the bytes of X-Tenant it got, in hex>;`.
+async fn tenant_echoing_origin() -> SocketAddr {
+    common::serve(|req| {
+        let tenant: String = req
+            .headers()
+            .get("x-tenant")
+            .map(|v| v.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
+            .unwrap_or_default();
+        http::Response::builder()
+            .header("vary", "X-Tenant")
+            .header("cache-control", "max-age=600")
+            .header("content-type", "text/plain")
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+                "tenant={tenant};"
+            ))))
+            .expect("response")
+    })
+    .await
+}
+
+/// `tenant=<hex>;` for a value's bytes.
+fn tenant_body(value: &[u8]) -> String {
+    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+    format!("tenant={hex};")
+}
+
+/// Sends a request head whose `X-Tenant` is `tenant`, byte for byte, on a
+/// raw connection (clients refuse bytes that are not ASCII), with `extra`
+/// header lines; returns the stream.
+async fn send_tenant(addr: SocketAddr, path: &str, tenant: &[u8], extra: &str) -> TcpStream {
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}X-Tenant: ").into_bytes();
+    head.extend_from_slice(tenant);
+    head.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(&head).await.expect("write");
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_keys_hold_the_exact_bytes_of_a_value_for_gets_and_subscriptions() {
+    let origin = tenant_echoing_origin().await;
+    let (addr, _) = proxy(origin, |_| {}).await;
+    let pairs: [(&[u8], &[u8]); 3] = [
+        (b"a b", b"a  b"),
+        (b"\xe9vil", b"\xe8vil"),
+        (b"a,b", b"a, b"),
+    ];
+    for (i, (first, second)) in pairs.iter().enumerate() {
+        // GET: the first value is stored, the second is another variant.
+        for tenant in [first, second] {
+            let mut stream = send_tenant(addr, &format!("/g{i}"), tenant, "").await;
+            let answer = String::from_utf8_lossy(&rest_of(&mut stream).await).into_owned();
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            assert!(
+                answer.ends_with(&tenant_body(tenant)),
+                "GET with X-Tenant {:?}: {answer}",
+                String::from_utf8_lossy(tenant)
+            );
+        }
+        // Subscribe: the first value's state exists (its GET stored it);
+        // the second's subscription gets its own.
+        for tenant in [first, second] {
+            let mut stream =
+                send_tenant(addr, &format!("/g{i}"), tenant, "Subscribe: true\r\n").await;
+            let mut seen = Vec::new();
+            common::wire::read_until(&mut stream, &mut seen, |t| {
+                t.contains("tenant=") && t[t.find("tenant=").unwrap_or(0)..].contains(';')
+            })
+            .await;
+            let seen = String::from_utf8_lossy(&seen).into_owned();
+            assert!(seen.starts_with("HTTP/1.1 209"), "{seen}");
+            assert!(
+                seen.contains(&tenant_body(tenant)),
+                "subscription with X-Tenant {:?}: {seen}",
+                String::from_utf8_lossy(tenant)
+            );
+        }
+    }
+}
