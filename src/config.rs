@@ -279,7 +279,7 @@ declare_keys! {
     trusted_downstream: TrustedPeers, "trusted-downstream", "CIDR[,CIDR...]", default ("127.0.0.0/8,::1"),
         list = true,
         parse TrustedPeers::parse,
-        "Peers (address ranges) whose X-Forwarded-Host names the client's host: downstream tiers of this proxy. From them the first X-Forwarded-Host is used for keys and forwarded as it is; from anyone else it is replaced by the request's Host (SECURITY.md, \"The forwarded host\"). Repeatable (a list in the file); empty trusts nobody.";
+        "Peers (address ranges) whose X-Forwarded-Host names the client's host: downstream tiers of this proxy. From them the first X-Forwarded-Host is used for keys and forwarded as it is; from anyone else it is replaced by the request's Host (SECURITY.md, \"The forwarded host\"). The other forwarding headers (Forwarded, every X-Forwarded-*, X-Real-IP, X-Host) pass from them only; anyone else's are removed or replaced by what the proxy knows (SECURITY.md, \"Forwarding headers\"). Repeatable (a list in the file); empty trusts nobody.";
     shutdown_grace: Duration, "shutdown-grace", "DURATION", default ("10s"),
         parse parse_duration,
         "How long in-flight requests may finish on SIGINT/SIGTERM.";
