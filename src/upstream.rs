@@ -369,6 +369,7 @@ pub fn request_filter<B>(req: &Request<B>, config: &Config) -> Result<(), Refusa
         }
     }
     check_header_limits(req.headers(), config)?;
+    check_content_length(req.headers())?;
     check_no_userinfo(req)?;
     check_path(req.uri().path())?;
     trusted_forwarded_host(req)?;
@@ -408,6 +409,29 @@ fn check_header_limits(headers: &HeaderMap, config: &Config) -> Result<(), Refus
             "request headers too large: {size} bytes (limit {})",
             config.max_header_bytes
         )));
+    }
+    Ok(())
+}
+
+/// Refuses a `Content-Length` that is not one line of decimal digits: two
+/// lines (even equal ones, which hyper's parser folds into one length and
+/// would forward both of) or a list (`5, 5`) are a request whose framing
+/// another server in the chain may read differently (RFC 9112 §6.3 lets a
+/// recipient refuse them; nginx answers 400).
+fn check_content_length(headers: &HeaderMap) -> Result<(), Refusal> {
+    let mut lines = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = lines.next() else {
+        return Ok(());
+    };
+    if lines.next().is_some() {
+        return Err(Refusal::BadRequest(
+            "more than one Content-Length header: a request has at most one".into(),
+        ));
+    }
+    if first.is_empty() || !first.as_bytes().iter().all(u8::is_ascii_digit) {
+        return Err(Refusal::BadRequest(
+            "Content-Length must be one decimal number".into(),
+        ));
     }
     Ok(())
 }
@@ -613,6 +637,11 @@ fn forwarded_headers(
 ) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
+    if let Some(asked) = headers.remove(HEARTBEATS) {
+        if let Some(clamped) = crate::braid::heartbeats_upstream(&asked) {
+            headers.insert(HEARTBEATS, clamped);
+        }
+    }
     append_via(&mut headers, version, &config.proxy_id);
     // TLS hook (issue 47): a TLS listener's clients came over https.
     forwarding(&mut headers, conn, host, config.tls_cert.is_some());
@@ -795,6 +824,7 @@ fn forwarding(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<Str
     }
 }
 
+const HEARTBEATS: &str = "heartbeats";
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 
