@@ -603,7 +603,10 @@ async fn two_content_lengths_are_refused_and_never_forwarded() {
     }
     // The proxy's own 400 says why, in one line.
     let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(refused[0].as_bytes()).await.expect("write");
+    stream
+        .write_all(refused[0].as_bytes())
+        .await
+        .expect("write");
     let mut seen = Vec::new();
     common::wire::read_until(&mut stream, &mut seen, |t| {
         t.split_once("\r\n\r\n")
@@ -619,7 +622,10 @@ async fn two_content_lengths_are_refused_and_never_forwarded() {
     // HTTP/2: a 400, or the stream reset by h2's own check.
     for lengths in [&["5", "5"][..], &["5, 5"]] {
         let status = h2c_post(addr, lengths, b"hello").await;
-        assert!(matches!(status, None | Some(400)), "{lengths:?}: {status:?}");
+        assert!(
+            matches!(status, None | Some(400)),
+            "{lengths:?}: {status:?}"
+        );
     }
     // hyper's HTTP/1.1 path folds two equal lines into one length before
     // the proxy sees the request: one line goes on, never two.
@@ -634,7 +640,13 @@ async fn two_content_lengths_are_refused_and_never_forwarded() {
             .lines()
             .filter(|l| l.starts_with("content-length:"))
             .collect::<Vec<_>>();
-        assert!(lines.len() <= 1 && !head.contains("5, 5"), "forwarded: {head}");
-        assert!(!head.starts_with("get /s "), "a refused request went on: {head}");
+        assert!(
+            lines.len() <= 1 && !head.contains("5, 5"),
+            "forwarded: {head}"
+        );
+        assert!(
+            !head.starts_with("get /s "),
+            "a refused request went on: {head}"
+        );
     }
 }

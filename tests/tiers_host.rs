@@ -294,10 +294,13 @@ const CLAIMS: &[(&str, &str)] = &[
     ("x-original-url", "/evil"),
 ];
 
-/// An origin that records the headers of every request it answers
-/// (lowercase name, value), and answers `ok`, storable for ten minutes.
-async fn header_recording_origin() -> (SocketAddr, Arc<Mutex<Vec<Vec<(String, String)>>>>) {
-    let seen: Arc<Mutex<Vec<Vec<(String, String)>>>> = Arc::default();
+/// The headers of one request (lowercase name, value), in order.
+type Headers = Vec<(String, String)>;
+
+/// An origin that records the headers of every request it answers, and
+/// answers `ok`, storable for ten minutes.
+async fn header_recording_origin() -> (SocketAddr, Arc<Mutex<Vec<Headers>>>) {
+    let seen: Arc<Mutex<Vec<Headers>>> = Arc::default();
     let log = seen.clone();
     let addr = common::serve(move |req: Request<Incoming>| {
         let headers = req
@@ -341,7 +344,11 @@ async fn a_strangers_forwarding_claims_never_reach_the_origin() {
     assert_eq!(response.status().as_u16(), 209);
     drop(response);
     let seen = seen.lock().expect("lock").clone();
-    assert!(seen.len() >= 2, "{} requests reached the origin", seen.len());
+    assert!(
+        seen.len() >= 2,
+        "{} requests reached the origin",
+        seen.len()
+    );
     for request in &seen {
         for (name, forged) in CLAIMS {
             assert!(
@@ -351,7 +358,10 @@ async fn a_strangers_forwarding_claims_never_reach_the_origin() {
         }
         let text = format!("{request:?}");
         for forged in ["6.6.6.6", "evil", "6666"] {
-            assert!(!text.contains(forged), "{forged} reached the origin: {text}");
+            assert!(
+                !text.contains(forged),
+                "{forged} reached the origin: {text}"
+            );
         }
         // What the proxy knows itself, instead.
         assert_eq!(values(request, "x-forwarded-for"), ["127.0.0.1"]);
@@ -385,15 +395,20 @@ async fn userinfo_in_the_authority_is_refused_and_never_forwarded() {
     let first = tier("first", origin, |_| {}).await;
     // HTTP/1.1: an absolute-form target naming this proxy, and a Host.
     for request in [
-        format!("GET http://user:pw@{first}/doc HTTP/1.1\r\nHost: {first}\r\nConnection: close\r\n\r\n"),
-        "GET /doc HTTP/1.1\r\nHost: user:pw@tenant-a.example\r\nConnection: close\r\n\r\n".to_string(),
+        format!(
+            "GET http://user:pw@{first}/doc HTTP/1.1\r\nHost: {first}\r\nConnection: close\r\n\r\n"
+        ),
+        "GET /doc HTTP/1.1\r\nHost: user:pw@tenant-a.example\r\nConnection: close\r\n\r\n"
+            .to_string(),
     ] {
         let answer = common::exchange(first, request.clone()).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{request:?}: {answer}");
         assert!(answer.contains("userinfo"), "the reason: {answer}");
     }
     // HTTP/2: `:authority`.
-    let stream = tokio::net::TcpStream::connect(first).await.expect("connect");
+    let stream = tokio::net::TcpStream::connect(first)
+        .await
+        .expect("connect");
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
