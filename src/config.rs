@@ -268,6 +268,9 @@ declare_keys! {
     notsent_lowat: usize, "notsent-lowat", "SIZE", default ("16KiB"),
         parse |v: &str| in_range(parse_size(v)?, 0, 1 << 30),
         "Unsent bytes the kernel may hold per client connection (TCP_NOTSENT_LOWAT): a stalled subscriber then resumes with one collapsed update, not a backlog kept in the kernel. 0 leaves the system's setting.";
+    h2_idle_timeout: Duration, "h2-idle-timeout", "DURATION", default ("75s"),
+        parse |v: &str| at_most_an_hour(positive_duration(v)?),
+        "An HTTP/2 client connection (h2c, or h2 over TLS) with no stream open for this long is closed gracefully (GOAWAY), as nginx's keepalive_timeout does; one with a subscription open is never idle. HTTP/1.1 connections wait for their next request no longer than header-read-timeout.";
     max_streams_per_connection: u32, "max-streams-per-connection", "N", default ("10000"),
         parse |v: &str| -> Result<u32, String> { Ok(in_range(parse_count(v)?, 1, 1_000_000)? as u32) },
         "Concurrent HTTP/2 streams on one client connection; an edge following this proxy over h2c holds one per resource.";
@@ -333,7 +336,7 @@ declare_keys! {
         "Runtime worker threads: 0 is one per core; 1 is the single-threaded runtime, which costs less CPU per delivery over h2c on a core of its own but delivers the first subscribers later (BENCHMARKS.md, \"Runtime flavour\").";
     max_open_files: u64, "max-open-files", "N", default ("0"), sample (# "0"),
         parse |v: &str| -> Result<u64, String> { Ok(in_range(parse_count(v)?, 0, 1 << 30)? as u64) },
-        "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After.";
+        "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After, and each new connection closes the idlest idle ones (no request open); its last quarter is kept from client connections altogether.";
 
     // TLS (issue 47): loaded and used by src/tls/.
     ["TLS"]
