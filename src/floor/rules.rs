@@ -621,12 +621,7 @@ pub fn secondary_key(headers: &HeaderMap, host: &str, vary: &Vary) -> String {
             key.push('\n');
             key.push_str(name.as_str());
             key.push(':');
-            for (i, v) in headers.get_all(name).iter().enumerate() {
-                if i > 0 {
-                    key.push(VALUE_LINES);
-                }
-                push_exact(&mut key, v.as_bytes());
-            }
+            push_field(&mut key, name.as_str(), headers.get_all(name));
         }
     }
     if let Some(digest) = credentials_digest(headers) {
@@ -636,9 +631,37 @@ pub fn secondary_key(headers: &HeaderMap, host: &str, vary: &Vary) -> String {
     key
 }
 
-/// Between two lines of one header in a key: a tab, which [`push_exact`]
-/// never writes, so `a,b` on one line and `a` and `b` on two are two keys.
-const VALUE_LINES: char = '\t';
+/// Appends the lines of one request header `name` to a key, each byte for
+/// byte ([`push_exact`]), joined by `, `: the one line any recipient may
+/// make of them without changing what they mean (RFC 9110 §5.3), so `a`
+/// and `b` on two lines key as `a, b` on one, and as nothing else. The
+/// `Accept` headers, whose grammar is a list (RFC 9110 §12.5), are keyed
+/// by their members: the optional whitespace around their commas is no
+/// part of any member (`en, de` is ` en ,   de`); nothing else is changed.
+pub fn push_field(key: &mut String, name: &str, lines: http::header::GetAll<'_, HeaderValue>) {
+    let list = matches!(
+        name,
+        "accept" | "accept-charset" | "accept-encoding" | "accept-language"
+    );
+    let mut first = true;
+    for v in lines.iter() {
+        if !list {
+            if !first {
+                key.push_str(", ");
+            }
+            first = false;
+            push_exact(key, v.as_bytes());
+            continue;
+        }
+        for member in v.as_bytes().split(|b| *b == b',') {
+            if !first {
+                key.push_str(", ");
+            }
+            first = false;
+            push_exact(key, member.trim_ascii());
+        }
+    }
+}
 
 /// Appends `value` to a key so that two different byte strings never
 /// append the same text: visible ASCII and space as they are, `%` and
@@ -1066,18 +1089,27 @@ mod tests {
             }
             secondary_key(&h, "h", &vary)
         };
-        let distinct: [&[&[u8]]; 8] = [
+        let distinct: [&[&[u8]]; 7] = [
             &[b"a b"],
             &[b"a  b"],
             &[b"\xe9vil"],
             &[b"\xe8vil"],
             &[b"a,b"],
-            &[b"a", b"b"],
             &[b"a, b"],
             &[b"%E9vil"],
         ];
         let keys: std::collections::HashSet<String> = distinct.iter().map(|v| key(v)).collect();
         assert_eq!(keys.len(), distinct.len(), "{keys:?}");
+        // Two lines are the one line they combine into (RFC 9110 §5.3).
+        assert_eq!(key(&[b"a", b"b"]), key(&[b"a, b"]));
+        // A list's members, not the whitespace around its commas.
+        let lang = super::vary(&headers(&[("vary", "Accept-Language")]));
+        let accept =
+            |v: &'static str| secondary_key(&headers(&[("accept-language", v)]), "h", &lang);
+        assert_eq!(accept("en, de"), accept(" en ,   de"));
+        assert_eq!(accept("en,de"), accept("en, de"));
+        assert_ne!(accept("en, de"), accept("de, en"));
+        assert_ne!(accept("en, de"), accept("en, de;q=0.5"));
         // Text all the same, and at most three bytes per byte.
         assert_eq!(key(&[b"\xe9vil"]), "h\nx-tenant:%E9vil");
         assert_eq!(key(&[b"a\tb"]), "h\nx-tenant:a%09b");

@@ -55,17 +55,14 @@ pub(super) fn view_key(key: &Key, headers: &HeaderMap) -> String {
     out
 }
 
-/// Appends a `name:value\tvalue\t` line for each of `names`, each value
-/// byte for byte ([`rules::push_exact`]).
+/// Appends a `name:values` line for each of `names`, the values byte for
+/// byte ([`rules::push_field`]).
 pub(super) fn add_values(out: &mut String, headers: &HeaderMap, names: &[&str]) {
     for name in names {
         out.push('\n');
         out.push_str(name);
         out.push(':');
-        for v in headers.get_all(*name) {
-            rules::push_exact(out, v.as_bytes());
-            out.push('\t');
-        }
+        rules::push_field(out, name, headers.get_all(*name));
     }
 }
 
