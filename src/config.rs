@@ -230,7 +230,7 @@ declare_keys! {
     origin_rps: Option<f64>, "origin-rps", "N", default (none "unlimited"),
         sample (# "200"),
         parse parse_rps,
-        "Most requests a second the watchers together send the origin (polls, refreshes, the revalidation before a new subscription), spread evenly; the slots go first to resources that change and to requests someone waits on. Whatever this says, an origin's 429 or 503 with Retry-After pauses every watcher that long (at most 10 minutes).";
+        "Most requests a second the watchers together send the origin (polls, refreshes, the revalidation before a new subscription), spread evenly; the slots go first to resources that change and to requests someone waits on. Clients' own requests that go to the origin (the first request for a resource, GET misses, writes) are not held to it. Whatever this says, an origin's 429 or 503 with Retry-After pauses every watcher that long (at most 10 minutes).";
     upstream_kind: UpstreamKind, "upstream-kind", "KIND", default ("auto"),
         parse upstream_kind,
         "What the upstream is: `braid` (subscriptions relayed byte for byte, every answer as the upstream gave it), `rest` (polled and diffed), or `auto` (learned from the first 209 or Braid response header).";
@@ -276,6 +276,9 @@ declare_keys! {
     notsent_lowat: usize, "notsent-lowat", "SIZE", default ("16KiB"),
         parse |v: &str| in_range(parse_size(v)?, 0, 1 << 30),
         "Unsent bytes the kernel may hold per client connection (TCP_NOTSENT_LOWAT): a stalled subscriber then resumes with one collapsed update, not a backlog kept in the kernel. 0 leaves the system's setting.";
+    h2_idle_timeout: Duration, "h2-idle-timeout", "DURATION", default ("75s"),
+        parse |v: &str| at_most_an_hour(positive_duration(v)?),
+        "An HTTP/2 client connection (h2c, or h2 over TLS) with no stream open for this long is closed gracefully (GOAWAY), as nginx's keepalive_timeout does; one with a subscription open is never idle. HTTP/1.1 connections wait for their next request no longer than header-read-timeout.";
     max_streams_per_connection: u32, "max-streams-per-connection", "N", default ("10000"),
         parse |v: &str| -> Result<u32, String> { Ok(in_range(parse_count(v)?, 1, 1_000_000)? as u32) },
         "Concurrent HTTP/2 streams on one client connection; an edge following this proxy over h2c holds one per resource.";
@@ -287,7 +290,7 @@ declare_keys! {
     trusted_downstream: TrustedPeers, "trusted-downstream", "CIDR[,CIDR...]", default ("127.0.0.0/8,::1"),
         list = true,
         parse TrustedPeers::parse,
-        "Peers (address ranges) whose X-Forwarded-Host names the client's host: downstream tiers of this proxy. From them the first X-Forwarded-Host is used for keys and forwarded as it is; from anyone else it is replaced by the request's Host (SECURITY.md, \"The forwarded host\"). Repeatable (a list in the file); empty trusts nobody.";
+        "Peers (address ranges) whose X-Forwarded-Host names the client's host: downstream tiers of this proxy. From them the first X-Forwarded-Host is used for keys and forwarded as it is; from anyone else it is replaced by the request's Host (SECURITY.md, \"The forwarded host\"). The other forwarding headers (Forwarded, every X-Forwarded-*, X-Real-IP, X-Host) pass from them only; anyone else's are removed or replaced by what the proxy knows (SECURITY.md, \"Forwarding headers\"). Repeatable (a list in the file); empty trusts nobody.";
     shutdown_grace: Duration, "shutdown-grace", "DURATION", default ("10s"),
         parse parse_duration,
         "How long in-flight requests may finish on SIGINT/SIGTERM.";
@@ -341,7 +344,7 @@ declare_keys! {
         "Runtime worker threads: 0 is one per core; 1 is the single-threaded runtime, which costs less CPU per delivery over h2c on a core of its own but delivers the first subscribers later (BENCHMARKS.md, \"Runtime flavour\").";
     max_open_files: u64, "max-open-files", "N", default ("0"), sample (# "0"),
         parse |v: &str| -> Result<u64, String> { Ok(in_range(parse_count(v)?, 0, 1 << 30)? as u64) },
-        "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After.";
+        "Open files (RLIMIT_NOFILE) to run with: 0 raises the soft limit to the hard one at start; N sets it to N, never above the hard limit. Each client connection is one; within the last sixteenth (at least 64), kept for the admin listener, upstream connections and plain GETs, new subscriptions get 503 + Retry-After, and each new connection closes the idlest idle ones (no request open); its last quarter is kept from client connections altogether.";
 
     // TLS (issue 47): loaded and used by src/tls/.
     ["TLS"]

@@ -228,6 +228,21 @@ impl OpenFiles {
         self.estimate().saturating_add(self.reserve) < self.limit
     }
 
+    /// How far the descriptors open reach into the reserve: how many would
+    /// have to close for a new subscription to be admitted (0 when one is).
+    /// Idle client connections are closed for them (src/listen/idle.rs).
+    pub fn into_reserve(&self) -> u64 {
+        (self.estimate().saturating_add(self.reserve) + 1).saturating_sub(self.limit)
+    }
+
+    /// Whether a new client connection may be served: not within the last
+    /// quarter of the reserve, which is left to the admin listener and
+    /// upstream connections. Beyond it a new client connection is closed
+    /// at once; idle ones are closed well before (from the reserve's start).
+    pub fn admits_connection(&self) -> bool {
+        self.estimate().saturating_add(self.reserve / 4) < self.limit
+    }
+
     /// Counts the descriptors every `every` until `closing` turns true, so
     /// that upstream connections and the like reach the estimate. A count
     /// costs about 0.6 µs per descriptor (12 ms at 19,000, measured): the
@@ -369,6 +384,23 @@ mod tests {
         assert_eq!(files.estimate(), 4096 - 256);
         held.pop();
         assert!(files.admits_subscription());
+    }
+
+    #[test]
+    fn the_reserve_is_entered_before_connections_are_refused() {
+        let files = Arc::new(OpenFiles::new(4096));
+        let mut held = Vec::new();
+        while files.admits_subscription() {
+            assert_eq!(files.into_reserve(), 0);
+            held.push(files.connection());
+        }
+        assert_eq!(files.into_reserve(), 1);
+        // A quarter of the reserve (256) is kept from client connections.
+        while files.admits_connection() {
+            held.push(files.connection());
+        }
+        assert_eq!(files.estimate(), 4096 - 64);
+        assert_eq!(files.into_reserve(), 256 - 64 + 1);
     }
 
     #[test]

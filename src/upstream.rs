@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, Version};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -369,6 +369,8 @@ pub fn request_filter<B>(req: &Request<B>, config: &Config) -> Result<(), Refusa
         }
     }
     check_header_limits(req.headers(), config)?;
+    check_content_length(req.headers())?;
+    check_no_userinfo(req)?;
     check_path(req.uri().path())?;
     trusted_forwarded_host(req)?;
     if via_names(req.headers(), &config.proxy_id) {
@@ -407,6 +409,54 @@ fn check_header_limits(headers: &HeaderMap, config: &Config) -> Result<(), Refus
             "request headers too large: {size} bytes (limit {})",
             config.max_header_bytes
         )));
+    }
+    Ok(())
+}
+
+/// Refuses a `Content-Length` that is not one line of decimal digits: two
+/// lines (even equal ones, which hyper's parser folds into one length and
+/// would forward both of) or a list (`5, 5`) are a request whose framing
+/// another server in the chain may read differently (RFC 9112 §6.3 lets a
+/// recipient refuse them; nginx answers 400).
+fn check_content_length(headers: &HeaderMap) -> Result<(), Refusal> {
+    let mut lines = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = lines.next() else {
+        return Ok(());
+    };
+    if lines.next().is_some() {
+        return Err(Refusal::BadRequest(
+            "more than one Content-Length header: a request has at most one".into(),
+        ));
+    }
+    if first.is_empty() || !first.as_bytes().iter().all(u8::is_ascii_digit) {
+        return Err(Refusal::BadRequest(
+            "Content-Length must be one decimal number".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a request whose authority (`:authority`, an absolute-form
+/// target, or `Host`) carries userinfo (`user:pw@host`): RFC 9113 §8.3.1
+/// forbids it in `:authority`, RFC 9110 §4.2.4 says to treat it as an
+/// error (it is how a link hides its real host), and `Host` has no room
+/// for it. Refused rather than stripped, so that no credential in it is
+/// ever keyed on, logged as a host or sent upstream as `X-Forwarded-Host`.
+fn check_no_userinfo<B>(req: &Request<B>) -> Result<(), Refusal> {
+    let in_target = req
+        .uri()
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@'));
+    let in_host = req
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .any(|h| h.as_bytes().contains(&b'@'));
+    if in_target || in_host {
+        return Err(Refusal::BadRequest(
+            "the request's authority carries userinfo (user@host): not allowed (RFC 9110 §4.2.4)"
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -587,9 +637,14 @@ fn forwarded_headers(
 ) -> HeaderMap {
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
+    if let Some(asked) = headers.remove(HEARTBEATS) {
+        if let Some(clamped) = crate::braid::heartbeats_upstream(&asked) {
+            headers.insert(HEARTBEATS, clamped);
+        }
+    }
     append_via(&mut headers, version, &config.proxy_id);
     // TLS hook (issue 47): a TLS listener's clients came over https.
-    forwarded_for(&mut headers, conn, host, config.tls_cert.is_some());
+    forwarding(&mut headers, conn, host, config.tls_cert.is_some());
     headers.append(
         "surrogate-capability",
         HeaderValue::from_static(crate::floor::rules::SURROGATE_CAPABILITY),
@@ -702,34 +757,76 @@ pub fn body_is_meaningless(method: &Method) -> bool {
     )
 }
 
-fn forwarded_for(
-    headers: &mut HeaderMap,
-    conn: Option<&ConnInfo>,
-    host: Option<String>,
-    https: bool,
-) {
+/// Whether a request header is a forwarding claim: something a proxy in
+/// front of the origin says about the client or the request's way there
+/// (who asked, over which scheme, for which host, port or path prefix),
+/// which an origin may build links, redirects or access decisions on.
+/// `Forwarded` (RFC 7239), every `X-Forwarded-*`, `X-Real-IP`, `X-Host`,
+/// and the rewriting headers some frameworks honour (`X-Original-Host`,
+/// `X-Original-URL`, `X-Rewrite-URL`).
+pub fn is_forwarding_claim(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    name.starts_with("x-forwarded-")
+        || matches!(
+            name,
+            "forwarded"
+                | "x-real-ip"
+                | "x-host"
+                | "x-original-host"
+                | "x-original-url"
+                | "x-rewrite-url"
+        )
+}
+
+/// The one trust rule for forwarding claims (SECURITY.md, "Forwarding
+/// headers"): from a peer outside `--trusted-downstream` (or with no
+/// connection known) every claim the client wrote is removed, and the
+/// proxy says only what it knows itself: `X-Forwarded-For` the peer's
+/// address, `X-Forwarded-Proto` the listener's scheme, `X-Forwarded-Host`
+/// the request's host. From a trusted peer (a tier below, which set them
+/// for its own client) they pass: its `X-Forwarded-For` gets the peer
+/// appended, its `X-Forwarded-Proto` stays, and `X-Forwarded-Host` is its
+/// first value (`host`, from [`client_host`]).
+fn forwarding(headers: &mut HeaderMap, conn: Option<&ConnInfo>, host: Option<String>, https: bool) {
+    let trusted = conn.is_some_and(|c| c.trusted);
+    if !trusted {
+        let claims: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| is_forwarding_claim(name))
+            .cloned()
+            .collect();
+        for name in claims {
+            headers.remove(name);
+        }
+    }
     if let Some(conn) = conn {
         let ip = conn.peer.ip().to_string();
         // Every earlier line counts: several header lines are one comma-joined list.
         let mut value = Vec::new();
-        for prior in headers.get_all("x-forwarded-for") {
+        for prior in headers.get_all(X_FORWARDED_FOR) {
             value.extend_from_slice(prior.as_bytes());
             value.extend_from_slice(b", ");
         }
         value.extend_from_slice(ip.as_bytes());
         if let Ok(v) = HeaderValue::from_bytes(&value) {
-            headers.insert("x-forwarded-for", v);
+            headers.insert(X_FORWARDED_FOR, v);
         }
     }
-    let proto = if https { "https" } else { "http" };
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
-    // The client's own `X-Forwarded-Host` never goes on as it is: a
-    // trusted tier's first value is `host` already, anyone else's is not.
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        let proto = if https { "https" } else { "http" };
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    }
+    // A trusted tier's first value is `host` already; the rest of its
+    // list (the hosts the tiers in between were asked for) is not passed.
     headers.remove(X_FORWARDED_HOST);
     if let Some(v) = host.and_then(|h| HeaderValue::from_str(&h).ok()) {
         headers.insert(X_FORWARDED_HOST, v);
     }
 }
+
+const HEARTBEATS: &str = "heartbeats";
+const X_FORWARDED_FOR: &str = "x-forwarded-for";
+const X_FORWARDED_PROTO: &str = "x-forwarded-proto";
 
 /// Turns an upstream response into the client's: hop-by-hop headers out,
 /// `Via` in, body streamed as it arrives.

@@ -426,3 +426,227 @@ async fn a_path_purge_covers_the_empty_query_and_status_hides_path_parameters() 
         );
     }
 }
+
+/// An origin that answers `Vary: X-Tenant`, storable for ten minutes, with
+/// `tenant=<the bytes of X-Tenant it got, in hex>;`.
+async fn tenant_echoing_origin() -> SocketAddr {
+    common::serve(|req| {
+        let tenant: String = req
+            .headers()
+            .get("x-tenant")
+            .map(|v| v.as_bytes().iter().map(|b| format!("{b:02x}")).collect())
+            .unwrap_or_default();
+        http::Response::builder()
+            .header("vary", "X-Tenant")
+            .header("cache-control", "max-age=600")
+            .header("content-type", "text/plain")
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+                "tenant={tenant};"
+            ))))
+            .expect("response")
+    })
+    .await
+}
+
+/// `tenant=<hex>;` for a value's bytes.
+fn tenant_body(value: &[u8]) -> String {
+    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+    format!("tenant={hex};")
+}
+
+/// Sends a request head whose `X-Tenant` is `tenant`, byte for byte, on a
+/// raw connection (clients refuse bytes that are not ASCII), with `extra`
+/// header lines; returns the stream.
+async fn send_tenant(addr: SocketAddr, path: &str, tenant: &[u8], extra: &str) -> TcpStream {
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}X-Tenant: ").into_bytes();
+    head.extend_from_slice(tenant);
+    head.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(&head).await.expect("write");
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_keys_hold_the_exact_bytes_of_a_value_for_gets_and_subscriptions() {
+    let origin = tenant_echoing_origin().await;
+    let (addr, _) = proxy(origin, |_| {}).await;
+    let pairs: [(&[u8], &[u8]); 3] = [
+        (b"a b", b"a  b"),
+        (b"\xe9vil", b"\xe8vil"),
+        (b"a,b", b"a, b"),
+    ];
+    for (i, (first, second)) in pairs.iter().enumerate() {
+        // GET: the first value is stored, the second is another variant.
+        for tenant in [first, second] {
+            let mut stream = send_tenant(addr, &format!("/g{i}"), tenant, "").await;
+            let answer = String::from_utf8_lossy(&rest_of(&mut stream).await).into_owned();
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            assert!(
+                answer.ends_with(&tenant_body(tenant)),
+                "GET with X-Tenant {:?}: {answer}",
+                String::from_utf8_lossy(tenant)
+            );
+        }
+        // Subscribe: the first value's state exists (its GET stored it);
+        // the second's subscription gets its own.
+        for tenant in [first, second] {
+            let mut stream =
+                send_tenant(addr, &format!("/g{i}"), tenant, "Subscribe: true\r\n").await;
+            let mut seen = Vec::new();
+            common::wire::read_until(&mut stream, &mut seen, |t| {
+                t.contains("tenant=") && t[t.find("tenant=").unwrap_or(0)..].contains(';')
+            })
+            .await;
+            let seen = String::from_utf8_lossy(&seen).into_owned();
+            assert!(seen.starts_with("HTTP/1.1 209"), "{seen}");
+            assert!(
+                seen.contains(&tenant_body(tenant)),
+                "subscription with X-Tenant {:?}: {seen}",
+                String::from_utf8_lossy(tenant)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_braid_upstream_is_asked_for_heartbeats_no_faster_than_the_proxys_floor() {
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = heads.clone();
+    let upstream = common::wire::raw_upstream(move |head| {
+        log.lock().expect("lock").push(head.to_ascii_lowercase());
+        b"HTTP/1.1 209 Multiresponse\r\nsubscribe: true\r\nconnection: close\r\n\r\n\
+          Version: \"v1\"\r\nContent-Length: 2\r\n\r\nhi\r\n"
+            .to_vec()
+    })
+    .await;
+    let (addr, _) = proxy(upstream, |c| {
+        c.set("upstream-kind", "braid").expect("kind");
+    })
+    .await;
+    for (i, asked) in ["0.001", "0.000001s", "1ms", "0", "5s"].iter().enumerate() {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "GET /h{i} HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nHeartbeats: {asked}\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut seen = Vec::new();
+        common::wire::read_until(&mut stream, &mut seen, |t| t.contains("hi")).await;
+    }
+    let heads = heads.lock().expect("lock").clone();
+    assert_eq!(heads.len(), 5, "{heads:?}");
+    let asked_for = |path: &str| -> Option<String> {
+        let head = heads
+            .iter()
+            .find(|h| h.starts_with(&format!("get {path} ")))
+            .unwrap_or_else(|| panic!("no request for {path}: {heads:?}"));
+        head.lines()
+            .find_map(|l| l.strip_prefix("heartbeats: "))
+            .map(|v| v.trim().to_string())
+    };
+    for path in ["/h0", "/h1", "/h2"] {
+        let value = asked_for(path).unwrap_or_else(|| panic!("{path}: no heartbeats asked"));
+        let interval = braid_proxy::braid::parse_heartbeats(value.as_bytes()).expect("parses");
+        assert_eq!(interval, Duration::from_millis(10), "{path}: {value}");
+    }
+    assert_eq!(asked_for("/h3"), None, "Heartbeats: 0 asks for none");
+    assert_eq!(asked_for("/h4").as_deref(), Some("5s"));
+}
+
+/// Sends `body` as a POST over h2c with a `Content-Length` line for each of
+/// `lengths`; the status, or `None` when the stream was reset.
+async fn h2c_post(addr: SocketAddr, lengths: &[&str], body: &'static [u8]) -> Option<u16> {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/p"));
+    for length in lengths {
+        req = req.header("content-length", *length);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answered in time");
+    response.ok().map(|r| r.status().as_u16())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_content_lengths_are_refused_and_never_forwarded() {
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = heads.clone();
+    let upstream = common::wire::raw_upstream(move |head| {
+        log.lock().expect("lock").push(head.to_ascii_lowercase());
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".to_vec()
+    })
+    .await;
+    let (addr, _) = proxy(upstream, |_| {}).await;
+    // The HTTP/1.1 fast path (a subscription that arrived whole), and
+    // hyper's HTTP/1.1 path with a list (hyper's own 400).
+    let refused = [
+        "GET /s HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+        "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\nConnection: close\r\n\r\nhello",
+    ];
+    for request in refused {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut seen = Vec::new();
+        common::wire::read_until(&mut stream, &mut seen, |t| t.contains("\r\n\r\n")).await;
+        let answer = String::from_utf8_lossy(&seen).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{request:?}: {answer}");
+    }
+    // The proxy's own 400 says why, in one line.
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(refused[0].as_bytes())
+        .await
+        .expect("write");
+    let mut seen = Vec::new();
+    common::wire::read_until(&mut stream, &mut seen, |t| {
+        t.split_once("\r\n\r\n")
+            .is_some_and(|(_, body)| body.ends_with('\n'))
+    })
+    .await;
+    let answer = String::from_utf8_lossy(&seen).into_owned();
+    let reason = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    assert!(
+        reason.contains("Content-Length") && reason.lines().count() == 1,
+        "a one-line reason: {answer}"
+    );
+    // HTTP/2: a 400, or the stream reset by h2's own check.
+    for lengths in [&["5", "5"][..], &["5, 5"]] {
+        let status = h2c_post(addr, lengths, b"hello").await;
+        assert!(
+            matches!(status, None | Some(400)),
+            "{lengths:?}: {status:?}"
+        );
+    }
+    // hyper's HTTP/1.1 path folds two equal lines into one length before
+    // the proxy sees the request: one line goes on, never two.
+    let folded = "POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+    let answer = common::exchange(addr, folded.to_string()).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.1 400"),
+        "{answer}"
+    );
+    for head in heads.lock().expect("lock").iter() {
+        let lines = head
+            .lines()
+            .filter(|l| l.starts_with("content-length:"))
+            .collect::<Vec<_>>();
+        assert!(
+            lines.len() <= 1 && !head.contains("5, 5"),
+            "forwarded: {head}"
+        );
+        assert!(
+            !head.starts_with("get /s "),
+            "a refused request went on: {head}"
+        );
+    }
+}

@@ -3,8 +3,14 @@
 //! sets the one `--max-open-files` names), refuses subscriptions past the
 //! reserve with 503 and `Retry-After` instead of hanging, stays reachable
 //! (admin listener, plain GETs) while it does, and takes subscriptions
-//! again once clients leave. Out of descriptors altogether, its accept
-//! loop pauses and logs at most about once a second.
+//! again once clients leave. Connections that send nothing cannot run it
+//! out of descriptors (past the last quarter of the reserve new ones are
+//! closed at once, logged at most about once a second; the accept loop's
+//! pause when it does run out is unit-tested in src/limits.rs). Idle
+//! connections end:
+//! an HTTP/2 one with no stream open after `--h2-idle-timeout`, and the
+//! idlest when descriptors run low, so that they cannot take the
+//! descriptors the admin listener and plain GETs need.
 //!
 //! The limits are set by a shell around the binary: the crate forbids
 //! unsafe code, and with it `pre_exec`.
@@ -16,9 +22,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use common::wire::{metric, read_until};
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 
 const SUBSCRIBE: &[u8] = b"GET /notes.txt HTTP/1.1\r\nHost: x\r\nSubscribe: true\r\n\r\n";
 const WAIT: Duration = Duration::from_secs(10);
@@ -200,44 +210,198 @@ async fn past_the_reserve_subscriptions_get_503_and_the_proxy_stays_reachable() 
 }
 
 #[tokio::test]
-async fn out_of_descriptors_the_accept_loop_pauses_and_logs_once_a_second() {
+async fn connections_that_send_nothing_never_run_the_proxy_out_of_descriptors() {
     let proxy = Proxy::start(256, 512, &["--max-open-files", "100"]);
-    // Idle connections take every descriptor the proxy has left; the
-    // kernel completes the rest of them into the listener's backlog.
+    // More connections than descriptors, none sending a byte: the kernel
+    // completes them all; the proxy serves them up to the last quarter of
+    // its reserve and closes the rest at once, where it used to take
+    // every descriptor and fail its accepts (EMFILE) until they left.
     let mut idle = Vec::new();
     for _ in 0..150 {
         idle.push(TcpStream::connect(proxy.client).await.expect("connect"));
     }
-    let out_of_files = |log: &str| {
+    let started = Instant::now();
+    // The admin listener finds a descriptor at once.
+    let health = plain_get(proxy.admin, "/healthz").await;
+    assert!(
+        health.starts_with("HTTP/1.1 200"),
+        "admin listener: {health}"
+    );
+    // Never out of descriptors: every accept succeeds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let out_of_files = |log: &str| log.lines().any(|l| l.contains("accept failed"));
+    assert!(
+        !out_of_files(&proxy.log()),
+        "out of descriptors: {}",
+        proxy.log()
+    );
+    let refusals = |log: &str| {
         log.lines()
-            .filter(|l| l.contains("accept failed") && l.contains("\"out_of_files\":true"))
+            .filter(|l| l.contains("a new client connection was closed at once"))
             .count()
     };
     let deadline = Instant::now() + WAIT;
-    while out_of_files(&proxy.log()) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no accept failure logged: {}",
-            proxy.log()
-        );
+    while refusals(&proxy.log()) == 0 {
+        assert!(Instant::now() < deadline, "none refused: {}", proxy.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Failing for 4 s: a line every 1 to 1.5 s, where a retry every 50 ms
-    // used to log 80.
-    let first = out_of_files(&proxy.log());
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let lines = out_of_files(&proxy.log()) - first;
-    assert!((2..=5).contains(&lines), "{lines} lines in 4 s");
-
-    // Descriptors come back: the proxy answers again.
+    // Once the silent ones are older than a request takes to arrive (1 s),
+    // the idlest of them give their descriptors back.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let get = plain_get(proxy.client, "/notes.txt").await;
+    assert!(get.starts_with("HTTP/1.1 200"), "a plain GET: {get}");
+    let log = proxy.log();
+    assert!(!out_of_files(&log), "out of descriptors: {log}");
+    // Logged at most about once a second.
+    let lines = refusals(&log) as u64;
+    assert!(
+        lines <= started.elapsed().as_secs() + 2,
+        "{lines} lines in {:?}",
+        started.elapsed()
+    );
+    let open = metric(proxy.admin, "open_fds").await;
+    assert!(open < 100.0, "{open} of 100 descriptors open");
     drop(idle);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let get = plain_get(proxy.client, "/notes.txt").await;
-        if get.starts_with("HTTP/1.1 200") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no answer: {get}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// An h2c connection: its request sender, and its connection task, which
+/// ends when the proxy closes the connection.
+struct H2c {
+    sender: hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+    conn: JoinHandle<()>,
+}
+
+impl H2c {
+    /// Opens an h2c connection with prior knowledge; `None` when the proxy
+    /// does not take it within `within`.
+    async fn open(addr: SocketAddr, within: Duration) -> Option<H2c> {
+        let opening = async {
+            let stream = TcpStream::connect(addr).await.ok()?;
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .ok()?;
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Some(H2c { sender, conn })
+        };
+        tokio::time::timeout(within, opening).await.ok().flatten()
     }
+
+    /// Sends a GET of `path` with `headers`; the response, or `None` when
+    /// none came within `within`.
+    async fn get(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+        within: Duration,
+    ) -> Option<http::Response<hyper::body::Incoming>> {
+        let mut req = http::Request::builder().uri(format!("http://x{path}"));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(http_body_util::Empty::new()).expect("request");
+        tokio::time::timeout(within, self.sender.send_request(req))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Whether the proxy has closed the connection.
+    fn closed(&self) -> bool {
+        self.conn.is_finished()
+    }
+
+    /// Waits (bounded by `within`) for the proxy to close the connection.
+    async fn wait_closed(&mut self, within: Duration) -> bool {
+        tokio::time::timeout(within, &mut self.conn).await.is_ok()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h2c_connection_is_closed_and_one_with_a_subscription_is_not() {
+    let origin = common::origin::Origin::with_cache_control("max-age=600");
+    origin.set("/doc", "a document");
+    let origin = origin.start().await;
+    let (addr, _) = common::proxy_for(origin, |c| {
+        c.h2_idle_timeout = Duration::from_secs(1);
+        c.heartbeat = Duration::ZERO;
+    })
+    .await;
+
+    // One GET, then only PINGs: closed after the idle timeout.
+    let mut idle = H2c::open(addr, WAIT).await.expect("h2c connection");
+    let response = idle.get("/doc", &[], WAIT).await.expect("an answer");
+    assert_eq!(response.status(), 200);
+    assert_eq!(common::body_of(response).await, "a document");
+    let started = Instant::now();
+    assert!(
+        idle.wait_closed(WAIT).await,
+        "the idle connection stays open"
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+
+    // A subscription open: never idle, however long it is quiet.
+    let mut live = H2c::open(addr, WAIT).await.expect("h2c connection");
+    let subscription = live
+        .get("/doc", &[("subscribe", "true")], WAIT)
+        .await
+        .expect("an answer");
+    assert_eq!(subscription.status(), 209);
+    let mut body = subscription.into_body();
+    let first = tokio::time::timeout(WAIT, body.frame())
+        .await
+        .expect("the first update in time");
+    assert!(first.is_some(), "the subscription has a first update");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!live.closed(), "closed with a subscription open");
+    // Still serving: another request on it.
+    let again = live.get("/doc", &[], WAIT).await.expect("an answer");
+    assert_eq!(again.status(), 200);
+    drop(again);
+    // Its stream ended, it is idle, and closed in turn.
+    drop(body);
+    assert!(
+        live.wait_closed(WAIT).await,
+        "the connection stays open after its subscription ended"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_never_take_the_descriptors_of_the_admin_listener_and_plain_gets() {
+    // 250 idle h2c connections against 200 descriptors, with an idle
+    // timeout far beyond the test: only the reserve can make room.
+    let proxy = Proxy::start(
+        256,
+        512,
+        &["--max-open-files", "200", "--h2-idle-timeout", "1h"],
+    );
+    let opened = futures_util::future::join_all((0..250).map(|_| async {
+        let mut conn = H2c::open(proxy.client, Duration::from_secs(3)).await?;
+        let response = conn.get("/notes.txt", &[], Duration::from_secs(3)).await?;
+        let status = response.status();
+        let _ = tokio::time::timeout(Duration::from_secs(3), common::body_of(response)).await;
+        Some((conn, status))
+    }))
+    .await;
+    let served: Vec<_> = opened.into_iter().flatten().collect();
+    assert!(
+        served.iter().all(|(_, status)| *status == 200),
+        "every GET answered was a 200"
+    );
+    assert!(served.len() >= 100, "only {} GETs answered", served.len());
+
+    // The admin listener and a plain GET still find a descriptor.
+    let ready = plain_get(proxy.admin, "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "/readyz: {ready}");
+    let get = plain_get(proxy.client, "/notes.txt").await;
+    assert!(get.starts_with("HTTP/1.1 200"), "a plain GET: {get}");
+    let open = metric(proxy.admin, "open_fds").await;
+    assert!(open < 200.0, "{open} of 200 descriptors open");
+    // The idlest were closed to make room (with GOAWAY), not all of them.
+    let closed = served.iter().filter(|(c, _)| c.closed()).count();
+    assert!(closed > 0, "no idle connection was closed");
+    assert!(closed < served.len(), "every idle connection was closed");
 }

@@ -494,10 +494,11 @@ async fn error_and_plain_answers_reach_the_client_as_the_upstream_gave_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
     let upstream = Upstream::start(|_, h| Script {
-        headers: vec![(
-            "heartbeats",
-            h["heartbeats"].to_str().unwrap_or("").to_string(),
-        )],
+        headers: h
+            .get("heartbeats")
+            .map(|v| ("heartbeats", v.to_str().unwrap_or("").to_string()))
+            .into_iter()
+            .collect(),
         ..Script::stream(b"")
     })
     .await;
@@ -527,8 +528,9 @@ async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
     assert_eq!(sent["peer"], "\"p9\"");
     assert_eq!(sent["x-client"], "mine");
     assert!(sent.contains_key("via"));
-    // braidify accepts a negative interval (no heartbeats): so does the
-    // proxy; a value that is not a number is still a 400.
+    // braidify accepts a negative interval: so does the proxy, and reads
+    // it as none, which it does not send on (braidify would beat every
+    // millisecond); a value that is not a number is still a 400.
     for (value, status) in [("-1.9s", 209), ("soon", 400)] {
         let response = get(
             addr,
@@ -538,6 +540,9 @@ async fn the_braid_request_headers_go_upstream_as_the_client_sent_them() {
         .await;
         assert_eq!(response.status().as_u16(), status, "Heartbeats: {value}");
     }
+    let sent = upstream.requests();
+    assert_eq!(sent.len(), 2, "the 400 is the proxy's own");
+    assert!(!sent[1].contains_key("heartbeats"), "{:?}", sent[1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

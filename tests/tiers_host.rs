@@ -276,3 +276,156 @@ async fn a_trusted_peers_first_forwarded_host_counts_and_a_malformed_one_is_refu
     }
     assert_eq!(origin.saw(), [TENANT_A], "hosts the origin saw");
 }
+
+/// Forwarding claims a client may write, each with a value no proxy on
+/// the way would set, and the header it was written in.
+const CLAIMS: &[(&str, &str)] = &[
+    ("forwarded", "for=6.6.6.6;host=evil.example;proto=https"),
+    ("x-forwarded-for", "6.6.6.6"),
+    ("x-forwarded-proto", "https"),
+    ("x-forwarded-port", "6666"),
+    ("x-forwarded-scheme", "https"),
+    ("x-forwarded-server", "evil.example"),
+    ("x-forwarded-prefix", "/evil"),
+    ("x-forwarded-ssl", "on"),
+    ("x-real-ip", "6.6.6.6"),
+    ("x-host", "evil.example"),
+    ("x-original-host", "evil.example"),
+    ("x-original-url", "/evil"),
+];
+
+/// The headers of one request (lowercase name, value), in order.
+type Headers = Vec<(String, String)>;
+
+/// An origin that records the headers of every request it answers, and
+/// answers `ok`, storable for ten minutes.
+async fn header_recording_origin() -> (SocketAddr, Arc<Mutex<Vec<Headers>>>) {
+    let seen: Arc<Mutex<Vec<Headers>>> = Arc::default();
+    let log = seen.clone();
+    let addr = common::serve(move |req: Request<Incoming>| {
+        let headers = req
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                (n.as_str().to_string(), v)
+            })
+            .collect();
+        log.lock().expect("lock").push(headers);
+        Response::builder()
+            .header("content-type", "text/plain")
+            .header("cache-control", "max-age=600")
+            .header("etag", "\"ok\"")
+            .body(Full::new(Bytes::from_static(b"ok")))
+            .expect("response")
+    })
+    .await;
+    (addr, seen)
+}
+
+/// The values of `name` in one recorded request.
+fn values<'a>(request: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    request
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_strangers_forwarding_claims_never_reach_the_origin() {
+    let (origin, seen) = header_recording_origin().await;
+    let first = tier("first", origin, distrust_loopback).await;
+    assert_eq!(get(first, "/doc", TENANT_A, CLAIMS).await.0, 200);
+    // A subscription's watcher asks under the client's headers too.
+    let mut subscribing = CLAIMS.to_vec();
+    subscribing.push(("subscribe", "true"));
+    let response = send(first, "/live", TENANT_A, &subscribing).await;
+    assert_eq!(response.status().as_u16(), 209);
+    drop(response);
+    let seen = seen.lock().expect("lock").clone();
+    assert!(
+        seen.len() >= 2,
+        "{} requests reached the origin",
+        seen.len()
+    );
+    for request in &seen {
+        for (name, forged) in CLAIMS {
+            assert!(
+                !values(request, name).contains(forged),
+                "{name}: {forged} reached the origin: {request:?}"
+            );
+        }
+        let text = format!("{request:?}");
+        for forged in ["6.6.6.6", "evil", "6666"] {
+            assert!(
+                !text.contains(forged),
+                "{forged} reached the origin: {text}"
+            );
+        }
+        // What the proxy knows itself, instead.
+        assert_eq!(values(request, "x-forwarded-for"), ["127.0.0.1"]);
+        assert_eq!(values(request, "x-forwarded-proto"), ["http"]);
+        assert_eq!(values(request, "x-forwarded-host"), [TENANT_A]);
+    }
+}
+
+#[tokio::test]
+async fn a_trusted_peers_forwarding_claims_pass() {
+    let (origin, seen) = header_recording_origin().await;
+    let first = tier("first", origin, |_| {}).await;
+    assert_eq!(get(first, "/doc", TENANT_A, CLAIMS).await.0, 200);
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let request = &seen[0];
+    for (name, written) in CLAIMS {
+        let expected = match *name {
+            // The trusted peer is appended to the list it sent.
+            "x-forwarded-for" => "6.6.6.6, 127.0.0.1",
+            _ => written,
+        };
+        assert_eq!(values(request, name), [expected], "{name}: {request:?}");
+    }
+}
+
+#[tokio::test]
+async fn userinfo_in_the_authority_is_refused_and_never_forwarded() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let (origin, seen) = header_recording_origin().await;
+    let first = tier("first", origin, |_| {}).await;
+    // HTTP/1.1: an absolute-form target naming this proxy, and a Host.
+    for request in [
+        format!(
+            "GET http://user:pw@{first}/doc HTTP/1.1\r\nHost: {first}\r\nConnection: close\r\n\r\n"
+        ),
+        "GET /doc HTTP/1.1\r\nHost: user:pw@tenant-a.example\r\nConnection: close\r\n\r\n"
+            .to_string(),
+    ] {
+        let answer = common::exchange(first, request.clone()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{request:?}: {answer}");
+        assert!(answer.contains("userinfo"), "the reason: {answer}");
+    }
+    // HTTP/2: `:authority`.
+    let stream = tokio::net::TcpStream::connect(first)
+        .await
+        .expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri(format!("http://user:pw@{TENANT_A}/doc"))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .expect("request");
+    let response = tokio::time::timeout(WAIT, sender.send_request(req))
+        .await
+        .expect("answered in time")
+        .expect("response");
+    assert_eq!(response.status().as_u16(), 400);
+    let seen = seen.lock().expect("lock").clone();
+    assert!(
+        !format!("{seen:?}").contains('@'),
+        "userinfo reached the origin: {seen:?}"
+    );
+}

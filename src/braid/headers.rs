@@ -190,9 +190,48 @@ pub fn parse_heartbeats(value: &[u8]) -> Result<Duration, HeaderError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// The shortest heartbeat interval the proxy sends, or asks an upstream for.
+pub const MIN_HEARTBEAT: Duration = Duration::from_millis(10);
+/// The longest heartbeat interval the proxy sends, or asks an upstream for.
+pub const MAX_HEARTBEAT: Duration = Duration::from_secs(3600);
+
+/// A client's `Heartbeats` as it may go to an upstream: within
+/// [`MIN_HEARTBEAT`] and [`MAX_HEARTBEAT`], in seconds (`0.01s`), the value
+/// itself when already within them; `None` when it asks for none (`0`) or
+/// does not parse (the proxy answers such a request 400 itself). So a
+/// client cannot have an upstream send heartbeats every microsecond for
+/// it (a braid-http server runs `setInterval` with the value it gets).
+pub fn heartbeats_upstream(value: &http::HeaderValue) -> Option<http::HeaderValue> {
+    let asked = parse_heartbeats(value.as_bytes()).ok()?;
+    if asked.is_zero() {
+        return None;
+    }
+    if (MIN_HEARTBEAT..=MAX_HEARTBEAT).contains(&asked) {
+        return Some(value.clone());
+    }
+    let clamped = asked.clamp(MIN_HEARTBEAT, MAX_HEARTBEAT);
+    http::HeaderValue::from_str(&format!("{}s", clamped.as_secs_f64())).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heartbeats_go_upstream_within_the_proxys_bounds() {
+        let up = |v: &'static str| {
+            heartbeats_upstream(&http::HeaderValue::from_static(v))
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(up("0.001").as_deref(), Some("0.01s"));
+        assert_eq!(up("1ms").as_deref(), Some("0.01s"));
+        assert_eq!(up("86400").as_deref(), Some("3600s"));
+        assert_eq!(up("5s").as_deref(), Some("5s"));
+        assert_eq!(up("0"), None);
+        assert_eq!(up("soon"), None);
+        let floor = parse_heartbeats(up("0.0000001").unwrap().as_bytes()).unwrap();
+        assert_eq!(floor, MIN_HEARTBEAT);
+    }
 
     #[test]
     fn version_lists_round_trip_sorted() {

@@ -13,8 +13,8 @@ pub use decode::{decode_patches, parse_content_range, DecodeError, DecodeLimits,
 pub use encode::{encode, encode_heartbeat, patches_wire_len};
 pub use frame::{FrameError, Framed, Framer, Piece};
 pub use headers::{
-    is_stream, parse_heartbeats, parse_subscribe, HeaderError, VersionId, VersionList,
-    MAX_VERSIONS, MAX_VERSION_ID_LEN,
+    heartbeats_upstream, is_stream, parse_heartbeats, parse_subscribe, HeaderError, VersionId,
+    VersionList, MAX_HEARTBEAT, MAX_VERSIONS, MAX_VERSION_ID_LEN, MIN_HEARTBEAT,
 };
 pub use patch::{apply_patches, compose, PatchError};
 pub use request::{answer_in_own_dialect, speak_upstream, BraidRequest};

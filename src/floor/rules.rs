@@ -608,8 +608,12 @@ pub fn vary(headers: &HeaderMap) -> Vary {
 }
 
 /// The secondary key of a request: the forwarded host, the values of the
-/// headers `vary` names (RFC 9111 §4.1, whitespace normalised), and a digest
-/// of its credentials. Two requests with equal keys get the same answer.
+/// headers `vary` names, byte for byte as the client sent them (an origin
+/// may tell `a b` from `a  b`, and any two byte strings apart), and a
+/// digest of its credentials. Two requests with equal keys get the same
+/// answer. Each value's bytes are written by [`push_exact`], at most three
+/// key bytes per header byte, so a key stays within three times
+/// `--max-header-bytes`; its length is counted with the resource.
 pub fn secondary_key(headers: &HeaderMap, host: &str, vary: &Vary) -> String {
     let mut key = String::from(host);
     if let Vary::Names(names) = vary {
@@ -617,12 +621,7 @@ pub fn secondary_key(headers: &HeaderMap, host: &str, vary: &Vary) -> String {
             key.push('\n');
             key.push_str(name.as_str());
             key.push(':');
-            let values: Vec<String> = headers
-                .get_all(name)
-                .iter()
-                .map(|v| normalise(v.as_bytes()))
-                .collect();
-            key.push_str(&values.join(","));
+            push_field(&mut key, name.as_str(), headers.get_all(name));
         }
     }
     if let Some(digest) = credentials_digest(headers) {
@@ -632,14 +631,50 @@ pub fn secondary_key(headers: &HeaderMap, host: &str, vary: &Vary) -> String {
     key
 }
 
-fn normalise(value: &[u8]) -> String {
-    let text = String::from_utf8_lossy(value);
-    let parts: Vec<&str> = text.split(',').map(|p| p.trim()).collect();
-    parts
-        .join(",")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Appends the lines of one request header `name` to a key, each byte for
+/// byte ([`push_exact`]), joined by `, `: the one line any recipient may
+/// make of them without changing what they mean (RFC 9110 §5.3), so `a`
+/// and `b` on two lines key as `a, b` on one, and as nothing else. The
+/// `Accept` headers, whose grammar is a list (RFC 9110 §12.5), are keyed
+/// by their members: the optional whitespace around their commas is no
+/// part of any member (`en, de` is ` en ,   de`); nothing else is changed.
+pub fn push_field(key: &mut String, name: &str, lines: http::header::GetAll<'_, HeaderValue>) {
+    let list = matches!(
+        name,
+        "accept" | "accept-charset" | "accept-encoding" | "accept-language"
+    );
+    let mut first = true;
+    for v in lines.iter() {
+        if !list {
+            if !first {
+                key.push_str(", ");
+            }
+            first = false;
+            push_exact(key, v.as_bytes());
+            continue;
+        }
+        for member in v.as_bytes().split(|b| *b == b',') {
+            if !first {
+                key.push_str(", ");
+            }
+            first = false;
+            push_exact(key, member.trim_ascii());
+        }
+    }
+}
+
+/// Appends `value` to a key so that two different byte strings never
+/// append the same text: visible ASCII and space as they are, `%` and
+/// every other byte (tab, bytes that are not ASCII) as `%XX`.
+pub fn push_exact(key: &mut String, value: &[u8]) {
+    use std::fmt::Write as _;
+    for &b in value {
+        if b == b' ' || (b.is_ascii_graphic() && b != b'%') {
+            key.push(b as char);
+        } else {
+            let _ = write!(key, "%{b:02X}");
+        }
+    }
 }
 
 /// A digest of the request's `Authorization` and `Cookie` values, if any:
@@ -1101,6 +1136,42 @@ mod tests {
         assert_eq!(ok(&[], true), Some("authorization"));
         assert_eq!(ok(&[("cache-control", "public")], true), None);
         assert_eq!(ok(&[("vary", "*")], false), Some("vary *"));
+    }
+
+    #[test]
+    fn keys_hold_a_values_exact_bytes() {
+        let vary = vary(&headers(&[("vary", "X-Tenant")]));
+        let key = |values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append("x-tenant", HeaderValue::from_bytes(v).unwrap());
+            }
+            secondary_key(&h, "h", &vary)
+        };
+        let distinct: [&[&[u8]]; 7] = [
+            &[b"a b"],
+            &[b"a  b"],
+            &[b"\xe9vil"],
+            &[b"\xe8vil"],
+            &[b"a,b"],
+            &[b"a, b"],
+            &[b"%E9vil"],
+        ];
+        let keys: std::collections::HashSet<String> = distinct.iter().map(|v| key(v)).collect();
+        assert_eq!(keys.len(), distinct.len(), "{keys:?}");
+        // Two lines are the one line they combine into (RFC 9110 §5.3).
+        assert_eq!(key(&[b"a", b"b"]), key(&[b"a, b"]));
+        // A list's members, not the whitespace around its commas.
+        let lang = super::vary(&headers(&[("vary", "Accept-Language")]));
+        let accept =
+            |v: &'static str| secondary_key(&headers(&[("accept-language", v)]), "h", &lang);
+        assert_eq!(accept("en, de"), accept(" en ,   de"));
+        assert_eq!(accept("en,de"), accept("en, de"));
+        assert_ne!(accept("en, de"), accept("de, en"));
+        assert_ne!(accept("en, de"), accept("en, de;q=0.5"));
+        // Text all the same, and at most three bytes per byte.
+        assert_eq!(key(&[b"\xe9vil"]), "h\nx-tenant:%E9vil");
+        assert_eq!(key(&[b"a\tb"]), "h\nx-tenant:a%09b");
     }
 
     #[test]

@@ -23,86 +23,18 @@
 //! A connection with one open stream (a browser tab with one subscription
 //! over HTTPS) has nothing to gather: one update is one frame. There the
 //! wait only delays the write behind every other connection's streams, so
-//! it is skipped. [`Streams`] counts a connection's open streams: each
-//! request holds a [`StreamGuard`] until its response body is dropped.
+//! it is skipped. [`Streams`] (src/listen/idle.rs) counts a connection's
+//! open streams: each request holds a guard until its response body is
+//! dropped.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::floor::body::{Body, Chunk};
-
-/// The streams of one HTTP/2 connection: how many are open, and whether
-/// any was ever opened.
-#[derive(Default)]
-pub struct Streams {
-    open: AtomicUsize,
-    served: AtomicBool,
-}
-
-impl Streams {
-    /// One more stream, until the guard is dropped.
-    pub fn open(self: &Arc<Self>) -> StreamGuard {
-        self.open.fetch_add(1, Ordering::Relaxed);
-        self.served.store(true, Ordering::Relaxed);
-        StreamGuard(self.clone())
-    }
-
-    /// Whether the connection has had a request.
-    pub fn served(&self) -> bool {
-        self.served.load(Ordering::Relaxed)
-    }
-
-    fn many(&self) -> bool {
-        self.open.load(Ordering::Relaxed) > 1
-    }
-}
-
-/// A stream counted in [`Streams`] while this lives.
-pub struct StreamGuard(Arc<Streams>);
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// `body`, holding `guard` until it is dropped.
-pub fn counted(body: Body, guard: StreamGuard) -> Body {
-    Body::new(Counted {
-        inner: body,
-        _guard: guard,
-    })
-}
-
-struct Counted {
-    inner: Body,
-    _guard: StreamGuard,
-}
-
-impl http_body::Body for Counted {
-    type Data = Chunk;
-    type Error = crate::floor::body::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Chunk>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
+use crate::listen::idle::Streams;
 
 /// An I/O stream whose writes are gathered per scheduler turn, when its
 /// connection has more than one open stream.
@@ -188,6 +120,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesce<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listen::idle::StreamGuard;
     use std::sync::{Arc, Mutex};
     use tokio::io::AsyncWriteExt;
     use tokio::sync::Notify;

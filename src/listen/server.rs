@@ -14,7 +14,7 @@ use bytes::Bytes;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown, Watcher};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
@@ -24,8 +24,9 @@ use crate::config::Config;
 use crate::deliver::socket::Socket;
 use crate::floor::body::BoxError;
 use crate::limits::{AcceptErrors, ClientConnection};
-use crate::listen::coalesce::{counted, Coalesce, StreamGuard, Streams};
+use crate::listen::coalesce::Coalesce;
 use crate::listen::fastpath;
+use crate::listen::idle::{counted, Connections, Listing, StreamGuard, Streams};
 use crate::listen::replay::Replay;
 use crate::router::Router;
 use crate::tls::socket::TlsSocket;
@@ -124,7 +125,17 @@ impl Server {
                 .clone()
                 .count_every(FILES_COUNTED_EVERY, router.closing()),
         );
+        let connections = Arc::new(Connections::default());
+        // Idle connections give way between accepts too: new ones that
+        // never sent a request become reclaimable only after a grace.
+        let reclaiming = tokio::spawn(reclaim_every(
+            RECLAIM_EVERY,
+            files.clone(),
+            connections.clone(),
+            router.closing(),
+        ));
         let mut errors = AcceptErrors::new("client");
+        let mut refusals = Refusals::default();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -133,16 +144,52 @@ impl Server {
                     Ok((stream, peer)) => {
                         errors.accepted();
                         let counted = files.connection();
-                        serve_connection(stream, peer, counted, &builder, &router, &graceful, &fast, tls.as_ref());
+                        // Within the reserve: the idlest idle connections
+                        // give their descriptors back (src/listen/idle.rs).
+                        let wanted = files.into_reserve();
+                        if wanted > 0 {
+                            connections.reclaim(wanted as usize);
+                        }
+                        let held = Held {
+                            _counted: counted,
+                            listing: connections.list(),
+                        };
+                        let watcher = graceful.watcher();
+                        // The last quarter of the reserve is left to the
+                        // admin listener and upstream connections: a new
+                        // connection there waits a moment for the idle
+                        // ones being closed, or is closed itself.
+                        if !files.admits_connection() {
+                            if connections.closing() == 0 {
+                                refusals.refused(files.estimate(), files.limit());
+                                continue;
+                            }
+                            let (files, builder, router) = (files.clone(), builder.clone(), router.clone());
+                            let (fast, tls) = (fast.clone(), tls.clone());
+                            tokio::spawn(async move {
+                                if room_in_time(&files).await {
+                                    serve_connection(stream, peer, held, &builder, &router, watcher, &fast, tls.as_ref());
+                                }
+                            });
+                            continue;
+                        }
+                        serve_connection(stream, peer, held, &builder, &router, watcher, &fast, tls.as_ref());
                     }
                     // Out of file descriptors and the like: wait instead
-                    // of spinning; the subscriptions refused within the
-                    // reserve make it rare.
-                    Err(e) => tokio::time::sleep(errors.failed(&e)).await,
+                    // of spinning, and have the idlest connections make
+                    // room; the subscriptions refused within the reserve
+                    // and the connections closed in it make it rare.
+                    Err(e) => {
+                        if crate::limits::is_out_of_files(&e) {
+                            connections.reclaim(crate::listen::idle::MAX_RECLAIMED);
+                        }
+                        tokio::time::sleep(errors.failed(&e)).await
+                    }
                 },
             }
         }
         counting.abort();
+        reclaiming.abort();
         if let Some(task) = reloading {
             task.abort();
         }
@@ -167,6 +214,50 @@ impl Server {
     }
 }
 
+/// How long a new connection past the last quarter of the reserve waits
+/// for the idle connections being closed to give their descriptors back.
+const ROOM_WAIT: Duration = Duration::from_millis(200);
+
+/// Whether the descriptors open fall below the last quarter of the
+/// reserve within [`ROOM_WAIT`] (looked at every 5 ms). The connection
+/// waiting is counted among them, so however many wait, no more are
+/// served than fit.
+async fn room_in_time(files: &crate::limits::OpenFiles) -> bool {
+    let deadline = tokio::time::Instant::now() + ROOM_WAIT;
+    while !files.admits_connection() {
+        if tokio::time::Instant::now() >= deadline {
+            debug!("too few open files left: a new client connection was closed");
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+/// How often the descriptor reserve is looked at between accepts.
+const RECLAIM_EVERY: Duration = Duration::from_millis(250);
+
+/// Every `every` until `closing` turns true: within the descriptor
+/// reserve, the idlest idle connections are closed (src/listen/idle.rs),
+/// as they are at each accept there. Outside it, a look costs two loads.
+async fn reclaim_every(
+    every: Duration,
+    files: Arc<crate::limits::OpenFiles>,
+    connections: Arc<Connections>,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = closing.wait_for(|closing| *closing) => return,
+        }
+        let wanted = files.into_reserve();
+        if wanted > 0 {
+            connections.reclaim(wanted as usize);
+        }
+    }
+}
+
 /// The two protocol builders. hyper-util's auto builder is not used: it
 /// reads the first bytes itself and hands them to hyper's HTTP/1.1 side as a
 /// prefix, which makes that side grow its read buffer from 8 to 16 KiB on
@@ -176,6 +267,8 @@ struct Builders {
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
     header_read_timeout: Duration,
+    /// `--h2-idle-timeout`.
+    h2_idle_timeout: Duration,
 }
 
 impl Builders {
@@ -201,6 +294,7 @@ impl Builders {
             http1,
             http2,
             header_read_timeout: config.header_read_timeout,
+            h2_idle_timeout: config.h2_idle_timeout,
         }
     }
 }
@@ -295,16 +389,55 @@ impl Drop for Active {
     }
 }
 
-/// Serves one client connection in a task of its own; `counted` keeps it
-/// in the descriptor budget until the task ends, with the socket.
+/// What keeps a client connection in the books while its task lives: its
+/// descriptor counted in the budget, and its listing among the
+/// connections whose idlest are closed when descriptors run low.
+struct Held {
+    _counted: ClientConnection,
+    listing: Listing,
+}
+
+/// New client connections closed at accept, past the descriptors kept for
+/// the admin listener and upstream connections: logged at most once a
+/// second.
+#[derive(Default)]
+struct Refusals {
+    logged: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl Refusals {
+    fn refused(&mut self, open: u64, limit: u64) {
+        let now = std::time::Instant::now();
+        if self
+            .logged
+            .is_some_and(|at| now - at < Duration::from_secs(1))
+        {
+            self.unlogged += 1;
+            return;
+        }
+        warn!(
+            open,
+            limit,
+            more = self.unlogged,
+            "too few open files left: a new client connection was closed at once (more: since the last line)"
+        );
+        self.logged = Some(now);
+        self.unlogged = 0;
+    }
+}
+
+/// Serves one client connection in a task of its own; `held` keeps it in
+/// the descriptor budget and the list of connections until the task ends,
+/// with the socket.
 #[allow(clippy::too_many_arguments)]
 fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    counted: ClientConnection,
+    held: Held,
     builder: &Arc<Builders>,
     router: &Router,
-    graceful: &GracefulShutdown,
+    watcher: Watcher,
     fast: &Arc<FastPath>,
     tls: Option<&Arc<ServerTls>>,
 ) {
@@ -323,8 +456,8 @@ fn serve_connection(
     let mut closing = router.closing();
     let router = router.clone();
     let builder = builder.clone();
-    let watcher = graceful.watcher();
     let fast = fast.clone();
+    let streams = held.listing.streams().clone();
     // TLS hook (issue 47, src/tls/server.rs): the handshake, within the
     // header-read timeout, then h2 by ALPN or HTTP/1.1 with the fast path,
     // in a task of its own: a TLS session is kilobytes, which would
@@ -333,22 +466,24 @@ fn serve_connection(
     if let Some(tls) = tls {
         let tls = tls.clone();
         tokio::spawn(async move {
-            let _counted = counted;
+            let _held = held;
             serve_tls(
-                tls, stream, router, conn_info, builder, watcher, closing, fast,
+                tls, stream, router, conn_info, builder, watcher, closing, fast, streams,
             )
             .await
         });
         return;
     }
     tokio::spawn(async move {
-        let _counted = counted;
+        let _held = held;
         // The header-read timeout also covers the wait for the first bytes.
-        // A connection that has not started a request when shutdown begins
-        // is closed at once (its watcher would otherwise hold shutdown up).
+        // A connection that has not started a request when shutdown begins,
+        // or when it is closed for its descriptor, is closed at once (its
+        // watcher would otherwise hold shutdown up).
         let first = tokio::select! {
             first = tokio::time::timeout(builder.header_read_timeout, is_h2(&stream)) => first,
             _ = closing.wait_for(|closing| *closing) => return,
+            _ = streams.reclaimed() => return debug!(%peer, "idle connection closed: too few open files left"),
         };
         let h2 = match first {
             Ok(Ok(Some(h2))) => h2,
@@ -366,14 +501,20 @@ fn serve_connection(
                     return;
                 }
                 let socket = Socket::Plain(stream);
+                let busy = streams.open();
                 let answered = answer_fast(socket, parsed, &router, conn_info, &fast, &closing);
-                match answered.await {
+                let back = answered.await;
+                drop(busy);
+                match back {
                     Some(Socket::Plain(back)) => stream = back,
                     _ => return,
                 }
             }
         }
-        serve_hyper(stream, h2, router, conn_info, &builder, watcher, closing).await
+        serve_hyper(
+            stream, h2, router, conn_info, &builder, watcher, closing, streams,
+        )
+        .await
     });
 }
 
@@ -422,15 +563,26 @@ async fn serve_tls(
     router: Router,
     conn_info: ConnInfo,
     builder: Arc<Builders>,
-    watcher: hyper_util::server::graceful::Watcher,
+    watcher: Watcher,
     mut closing: tokio::sync::watch::Receiver<bool>,
     fast: Arc<FastPath>,
+    streams: Arc<Streams>,
 ) {
-    let opening = open_tls(tls, stream, &router, conn_info.peer, &builder, &mut closing);
+    let opening = open_tls(
+        tls,
+        stream,
+        &router,
+        conn_info.peer,
+        &builder,
+        &mut closing,
+        &streams,
+    );
     let (stream, first) = match Box::pin(opening).await {
         None => return,
         Some(Opened::H2(stream)) => {
-            let serving = serve_hyper(stream, true, router, conn_info, &builder, watcher, closing);
+            let serving = serve_hyper(
+                stream, true, router, conn_info, &builder, watcher, closing, streams,
+            );
             return Box::pin(serving).await;
         }
         Some(Opened::Http1(stream, first)) => (stream, first),
@@ -443,8 +595,11 @@ async fn serve_tls(
             // The read-ahead is not kept for the subscription's life.
             drop(first);
             let socket = Socket::Tls(Box::new(stream));
+            let busy = streams.open();
             let answered = answer_fast(socket, parsed, &router, conn_info, &fast, &closing);
-            match Box::pin(answered).await {
+            let back = Box::pin(answered).await;
+            drop(busy);
+            match back {
                 Some(Socket::Tls(back)) => (*back, Bytes::new()),
                 _ => return,
             }
@@ -452,7 +607,9 @@ async fn serve_tls(
         None => (stream, Bytes::from(first)),
     };
     let stream = Replay::new(first, stream);
-    let serving = serve_hyper(stream, false, router, conn_info, &builder, watcher, closing);
+    let serving = serve_hyper(
+        stream, false, router, conn_info, &builder, watcher, closing, streams,
+    );
     Box::pin(serving).await
 }
 
@@ -465,7 +622,8 @@ enum Opened {
 
 /// The handshake of a TLS connection and, over HTTP/1.1, its first bytes,
 /// within the header-read timeout; `None` when the connection is done
-/// with (closed, failed, timed out, plain HTTP answered, or shutdown).
+/// with (closed, failed, timed out, plain HTTP answered, shutdown, or
+/// closed for its descriptor).
 async fn open_tls(
     tls: Arc<ServerTls>,
     stream: TcpStream,
@@ -473,6 +631,7 @@ async fn open_tls(
     peer: SocketAddr,
     builder: &Builders,
     closing: &mut tokio::sync::watch::Receiver<bool>,
+    streams: &Streams,
 ) -> Option<Opened> {
     let timeout = builder.header_read_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
@@ -483,6 +642,7 @@ async fn open_tls(
     let peeked = tokio::select! {
         peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)) => peeked,
         _ = closing.wait_for(|closing| *closing) => return None,
+        _ = streams.reclaimed() => return None,
     };
     let max_head = router.config().max_header_bytes;
     match peeked {
@@ -504,6 +664,7 @@ async fn open_tls(
     let accepted = tokio::select! {
         accepted = tokio::time::timeout_at(deadline, tls.accept(stream)) => accepted,
         _ = closing.wait_for(|closing| *closing) => return None,
+        _ = streams.reclaimed() => return None,
     };
     let stream = match accepted {
         Ok(Ok((stream, true))) => return Some(Opened::H2(stream)),
@@ -520,6 +681,7 @@ async fn open_tls(
     let first = tokio::select! {
         first = tokio::time::timeout(timeout, fastpath::first_bytes_tls(&stream, max_head)) => first,
         _ = closing.wait_for(|closing| *closing) => return None,
+        _ = streams.reclaimed() => return None,
     };
     match first {
         Ok(Ok(first)) if !first.is_empty() => Some(Opened::Http1(stream, first)),
@@ -575,74 +737,118 @@ async fn refuse_plain_http(mut stream: TcpStream, peer: SocketAddr, max_head: us
 }
 
 /// Serves a connection (TCP, or TLS after its handshake) with hyper:
-/// HTTP/2 when `h2`, HTTP/1.1 otherwise.
+/// HTTP/2 when `h2`, HTTP/1.1 otherwise. `streams` counts its open
+/// requests (src/listen/idle.rs).
+#[allow(clippy::too_many_arguments)]
 async fn serve_hyper<S>(
     stream: S,
     h2: bool,
     router: Router,
     conn_info: ConnInfo,
     builder: &Builders,
-    watcher: hyper_util::server::graceful::Watcher,
+    watcher: Watcher,
     closing: tokio::sync::watch::Receiver<bool>,
+    streams: Arc<Streams>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let peer = conn_info.peer;
+    let service = service(router, conn_info, streams.clone());
     let result = if h2 {
         // The frames of all the streams one update wakes go out in one
         // write, when there is more than one (src/listen/coalesce.rs).
-        let streams = Arc::new(Streams::default());
         let io = TokioIo::new(Coalesce::new(stream, streams.clone()));
+        let conn = builder.http2.serve_connection(io, service);
+        let ends = Ends {
+            first_request: Some(builder.header_read_timeout),
+            idle: Some(builder.h2_idle_timeout),
+        };
         // Boxed: the h2 state is twice the size of the HTTP/1.1 state,
         // and inline it would size every connection's task.
-        let serving = serve_h2(io, streams, router, conn_info, builder, watcher, closing);
-        Box::pin(serving).await
+        Box::pin(drive(conn, peer, &streams, ends, closing, watcher)).await
     } else {
         let io = TokioIo::new(stream);
-        drop(closing);
-        let service = service(router, conn_info, None);
+        let conn = builder.http1.serve_connection(io, service);
+        let ends = Ends {
+            first_request: None,
+            idle: None,
+        };
         // Boxed, so that a connection answered on the fast path does
         // not carry hyper's connection state in its task.
-        Box::pin(watcher.watch(builder.http1.serve_connection(io, service))).await
+        Box::pin(drive(conn, peer, &streams, ends, closing, watcher)).await
     };
     if let Err(e) = result {
-        debug!(peer = %conn_info.peer, error = %e, "connection ended with an error");
+        debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 
-/// Serves an HTTP/2 connection. HTTP/2 has no header-read timeout of its own:
-/// a client that sends the preface and then no request is closed after the
-/// header-read timeout, or as soon as shutdown begins.
-#[allow(clippy::too_many_arguments)]
-async fn serve_h2<S>(
-    io: TokioIo<Coalesce<S>>,
-    streams: Arc<Streams>,
-    router: Router,
-    conn_info: ConnInfo,
-    builder: &Builders,
-    watcher: hyper_util::server::graceful::Watcher,
+/// When a connection served by hyper ends without its client ending it.
+struct Ends {
+    /// HTTP/2: a connection that sent its preface and no request within
+    /// this (the header-read timeout), or by the start of shutdown, is
+    /// dropped. HTTP/2 has no header-read timeout of its own.
+    first_request: Option<Duration>,
+    /// HTTP/2: a connection with no stream open for this long
+    /// (`--h2-idle-timeout`) is shut down gracefully. HTTP/1.1 waits for
+    /// its next request no longer than hyper's header-read timeout.
+    idle: Option<Duration>,
+}
+
+/// Drives a connection served by hyper to its end. It is shut down
+/// gracefully (hyper finishes what is in flight: GOAWAY over HTTP/2, no
+/// next request over HTTP/1.1) when shutdown begins, when it is chosen
+/// to give its descriptor back (src/listen/idle.rs), or when it has been
+/// idle as long as `ends` allows. `watcher` holds the server's graceful
+/// shutdown until the connection has ended (the router's `closing`, which
+/// turns true first, is what starts this one's).
+async fn drive<C>(
+    conn: C,
+    peer: SocketAddr,
+    streams: &Streams,
+    ends: Ends,
     mut closing: tokio::sync::watch::Receiver<bool>,
+    watcher: Watcher,
 ) -> Result<(), hyper::Error>
 where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    C: GracefulConnection<Error = hyper::Error>,
 {
-    let service = service(router, conn_info, Some(streams.clone()));
-    let conn = watcher.watch(builder.http2.serve_connection(io, service));
-    let no_request = async {
-        tokio::select! {
-            _ = tokio::time::sleep(builder.header_read_timeout) => {}
-            _ = closing.wait_for(|closing| *closing) => {}
-        }
-        if streams.served() {
-            std::future::pending::<()>().await;
+    let _watched = watcher;
+    tokio::pin!(conn);
+    let first_request = async {
+        match ends.first_request {
+            Some(timeout) => {
+                tokio::time::sleep(timeout).await;
+                if streams.served() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
         }
     };
-    tokio::select! {
-        result = conn => result,
-        _ = no_request => {
-            debug!(peer = %conn_info.peer, "h2c connection sent no request in time");
-            Ok(())
+    let idle = async {
+        match ends.idle {
+            Some(timeout) => streams.idle_timeout(timeout).await,
+            None => std::future::pending().await,
         }
-    }
+    };
+    let why = tokio::select! {
+        result = conn.as_mut() => return result,
+        _ = first_request => {
+            debug!(%peer, "h2c connection sent no request in time");
+            return Ok(());
+        }
+        _ = closing.wait_for(|closing| *closing) => {
+            if ends.first_request.is_some() && !streams.served() {
+                return Ok(());
+            }
+            "shutdown"
+        }
+        _ = streams.reclaimed() => "too few open files left: the idlest connections close",
+        _ = idle => "no stream open for --h2-idle-timeout",
+    };
+    debug!(%peer, why, "closing the connection gracefully");
+    conn.as_mut().graceful_shutdown();
+    conn.await
 }
 
 /// What the service of a connection returns for one request.
@@ -658,13 +864,13 @@ type Answer = std::pin::Pin<
 /// few KiB are allocated then. An HTTP/2 connection task makes the futures
 /// of every stream a client opens in one burst (hundreds) before any of them
 /// runs; boxed once, each would hold its few KiB from the start, and the
-/// freed peak would stay in the process's RSS. For HTTP/2, `streams`
-/// counts the connection's open streams, each request until its response
-/// body is dropped (src/listen/coalesce.rs), and whether any came.
+/// freed peak would stay in the process's RSS. `streams` counts the
+/// connection's open requests, each until its response body is dropped
+/// (src/listen/idle.rs), and whether any came.
 fn service(
     router: Router,
     conn_info: ConnInfo,
-    streams: Option<Arc<Streams>>,
+    streams: Arc<Streams>,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
     Response = http::Response<crate::floor::body::Body>,
@@ -672,7 +878,7 @@ fn service(
     Future = Answer,
 > + Clone {
     service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let guard = streams.as_ref().map(|streams| streams.open());
+        let guard = streams.open();
         answer(
             router.clone(),
             req.map(crate::floor::body::incoming),
@@ -683,21 +889,18 @@ fn service(
 }
 
 /// The future of one request: a box holding the request until it is first
-/// polled, and `Router::handle`'s future, boxed then (see `service`). An
-/// HTTP/2 stream's `guard` goes on to its response body.
+/// polled, and `Router::handle`'s future, boxed then (see `service`). The
+/// request's `guard` goes on to its response body.
 fn answer(
     router: Router,
     req: http::Request<crate::floor::body::RequestBody>,
     conn: ConnInfo,
-    guard: Option<StreamGuard>,
+    guard: StreamGuard,
 ) -> Answer {
     Box::pin(async move {
         let handle = Box::pin(router.handle(req, conn));
         let response = handle.await;
-        Ok::<_, Infallible>(match guard {
-            Some(guard) => response.map(|body| counted(body, guard)),
-            None => response,
-        })
+        Ok::<_, Infallible>(response.map(|body| counted(body, guard)))
     })
 }
 
@@ -727,7 +930,7 @@ mod tests {
         };
         // As an HTTP/2 stream's: counted among its connection's streams.
         let guard = Arc::new(Streams::default()).open();
-        let waiting = answer(router.clone(), request(), conn, Some(guard));
+        let waiting = answer(router.clone(), request(), conn, guard);
         let handle = router.handle(request(), conn);
         let (waiting, whole) = (
             std::mem::size_of_val(&*waiting),

@@ -39,18 +39,12 @@ pub struct Heartbeats {
     tickers: Mutex<HashMap<u64, watch::Sender<u64>>>,
 }
 
-/// Longest heartbeat interval honoured, in milliseconds.
-const MAX_HEARTBEAT_MS: u64 = 3_600_000;
-/// Shortest heartbeat interval honoured, in milliseconds.
-const MIN_HEARTBEAT_MS: u64 = 10;
-
 /// A heartbeat interval as honoured: rounded up to whole milliseconds,
-/// within 10 ms and an hour (also what goes to a Braid upstream).
-pub fn honoured_heartbeat(interval: Duration) -> Duration {
-    let ms = (interval.as_secs_f64() * 1000.0)
-        .ceil()
-        .clamp(MIN_HEARTBEAT_MS as f64, MAX_HEARTBEAT_MS as f64) as u64;
-    Duration::from_millis(ms)
+/// within [`crate::braid::MIN_HEARTBEAT`] and [`crate::braid::MAX_HEARTBEAT`]
+/// (the bounds a Braid upstream is asked within too).
+fn honoured_heartbeat(interval: Duration) -> Duration {
+    let ms = Duration::from_millis((interval.as_secs_f64() * 1000.0).ceil() as u64);
+    ms.clamp(crate::braid::MIN_HEARTBEAT, crate::braid::MAX_HEARTBEAT)
 }
 
 impl Heartbeats {

@@ -55,16 +55,14 @@ pub(super) fn view_key(key: &Key, headers: &HeaderMap) -> String {
     out
 }
 
-/// Appends `name:value,value,` lines for each of `names`.
+/// Appends a `name:values` line for each of `names`, the values byte for
+/// byte ([`rules::push_field`]).
 pub(super) fn add_values(out: &mut String, headers: &HeaderMap, names: &[&str]) {
     for name in names {
         out.push('\n');
         out.push_str(name);
         out.push(':');
-        for v in headers.get_all(*name) {
-            out.push_str(&String::from_utf8_lossy(v.as_bytes()));
-            out.push(',');
-        }
+        rules::push_field(out, name, headers.get_all(*name));
     }
 }
 
