@@ -26,6 +26,9 @@ pub struct Cadence {
     min: Duration,
     max: Duration,
     current: Duration,
+    /// The interval changed since the last wait was taken: the next one is
+    /// spread wide ([`Cadence::wait`]).
+    moved: bool,
 }
 
 impl Cadence {
@@ -34,17 +37,32 @@ impl Cadence {
             min,
             max: max.max(min),
             current: min,
+            moved: true,
         }
     }
 
     /// Back to the shortest interval: something changed or is expected to.
     pub fn reset(&mut self) {
+        self.moved |= self.current != self.min;
         self.current = self.min;
     }
 
     /// A poll found nothing new: wait longer next time.
     pub fn quiet(&mut self) {
-        self.current = self.current.saturating_mul(2).min(self.max);
+        let next = self.current.saturating_mul(2).min(self.max);
+        self.moved |= next != self.current;
+        self.current = next;
+    }
+
+    /// The wait before the next poll: the interval, spread ([`spread`])
+    /// by a tenth either way, or, the first time at a new interval, drawn
+    /// from 0.4 to 1.1 of it, so that resources whose intervals grew in
+    /// step (subscribed together, all quiet) come apart across the
+    /// interval instead of polling in waves; never more than 1.1 times it.
+    pub fn wait(&mut self, seed: u64, turn: u64) -> Duration {
+        let wide = std::mem::take(&mut self.moved);
+        let (low, high) = if wide { (0.4, 1.1) } else { (0.9, 1.1) };
+        spread(self.current, seed, turn, (low, high))
     }
 
     /// The interval before the next poll (before [`spread`]).
@@ -59,10 +77,11 @@ impl Cadence {
     }
 }
 
-/// `interval` moved by up to a tenth either way, differently for each
-/// `seed` and `turn`, so that resources subscribed at the same moment do
-/// not poll in step (a burst at the origin every interval).
-pub fn spread(interval: Duration, seed: u64, turn: u64) -> Duration {
+/// `interval` times a fraction drawn from `range` (low, high),
+/// differently for each `seed` and `turn`, so that resources subscribed
+/// at the same moment do not poll in step (a burst at the origin every
+/// interval).
+pub fn spread(interval: Duration, seed: u64, turn: u64, range: (f64, f64)) -> Duration {
     // splitmix64: well-mixed bits from a counter, no state to share.
     let mut z = seed
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -70,8 +89,8 @@ pub fn spread(interval: Duration, seed: u64, turn: u64) -> Duration {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
-    // A fraction in [0.9, 1.1).
-    let fraction = 0.9 + 0.2 * ((z >> 11) as f64 / (1u64 << 53) as f64);
+    let (low, high) = range;
+    let fraction = low + (high - low) * ((z >> 11) as f64 / (1u64 << 53) as f64);
     interval.mul_f64(fraction)
 }
 
@@ -252,7 +271,7 @@ mod tests {
         let base = Duration::from_secs(10);
         let mut distinct = std::collections::BTreeSet::new();
         for seed in 0..200 {
-            let d = spread(base, seed, 3);
+            let d = spread(base, seed, 3, (0.9, 1.1));
             assert!(
                 d >= Duration::from_secs(9) && d < Duration::from_secs(11),
                 "{d:?}"
@@ -260,6 +279,35 @@ mod tests {
             distinct.insert(d.as_millis());
         }
         assert!(distinct.len() > 150, "{} distinct of 200", distinct.len());
+    }
+
+    #[test]
+    fn the_first_wait_at_a_new_interval_is_spread_wide() {
+        let s = Duration::from_secs;
+        let mut c = Cadence::new(s(1), s(10));
+        for _ in 0..4 {
+            c.quiet();
+        }
+        assert_eq!(c.current(), s(10));
+        // Across resources, the first wait at 10 s covers 4 to 11 s.
+        let firsts: Vec<Duration> = (0..500)
+            .map(|seed| {
+                let mut one = c;
+                one.wait(seed, 0)
+            })
+            .collect();
+        assert!(firsts.iter().all(|d| *d >= s(4) && *d <= s(11)));
+        assert!(firsts.iter().any(|d| *d < s(6)) && firsts.iter().any(|d| *d > s(10)));
+        // Then at most a tenth either way, until the interval moves again.
+        let _ = c.wait(1, 0);
+        for turn in 1..50 {
+            let d = c.wait(1, turn);
+            assert!(d >= s(9) && d <= s(11), "{d:?}");
+        }
+        c.quiet(); // at the ceiling: no move
+        assert!(c.wait(1, 99) >= s(9));
+        c.reset();
+        assert!(c.wait(1, 100) <= Duration::from_millis(1100));
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl Watchers {
                     w.cadence.reset();
                 }
                 let urgent = woken || w.cadence.lively();
-                let offset = spread(w.cadence.current(), w.resource.id(), w.turn) / 2;
+                let offset = spread(w.cadence.current(), w.resource.id(), w.turn, (0.0, 0.5));
                 let mut closing = self.closing.clone();
                 tokio::select! {
                     _ = self.budget.admit(urgent, offset) => {}
@@ -130,9 +130,16 @@ impl Watchers {
                 };
             }
             let wait = if w.resource.subscribers() > 0 {
-                let wait = poll_backoff.unwrap_or_else(|| w.cadence.current());
-                w.resource.set_poll_interval(Some(wait));
-                spread(wait, w.resource.id(), w.turn)
+                match poll_backoff {
+                    Some(backoff) => {
+                        w.resource.set_poll_interval(Some(backoff));
+                        spread(backoff, w.resource.id(), w.turn, (0.9, 1.1))
+                    }
+                    None => {
+                        w.resource.set_poll_interval(Some(w.cadence.current()));
+                        w.cadence.wait(w.resource.id(), w.turn)
+                    }
+                }
             } else {
                 w.resource.set_poll_interval(None);
                 self.poll_interval
