@@ -25,6 +25,9 @@ binary, each with its own origin (standard library HTTP server on
   burst:   (issue 57) 100 subscriptions sent at once straight to one proxy
            (--state-bytes 64MiB), each on another 1 MiB resource of the
            origin, never read past the status line;
+  churn:   (issue 57) 300 subscribers, one per resource, reading, while
+           every poll gets a new 200 KB body (the proxy at full CPU), 30 s,
+           --state-bytes 64MiB;
   urls1m:  (issue 44 c) 200 distinct 1 MiB URLs, plain GETs, 64MiB;
   hosts1m: (issue 44 c) one 1 MiB URL, 200 GETs with 200 Host headers, 64MiB;
   vary1m:  (issue 44 c) one 1 MiB URL answered with Vary: X-Tenant, 200 GETs
@@ -46,8 +49,10 @@ Loopback only; every wait is bounded. Installs nothing.
 
 import collections
 import http.server
+import itertools
 import queue
 import re
+import select
 import socket
 import socketserver
 import subprocess
@@ -57,13 +62,15 @@ import time
 import urllib.request
 
 MIB = 1024 * 1024
+COUNTER = itertools.count()
 
 
 # --- the origin -------------------------------------------------------------
 
-def make_origin(body_size, vary=None):
+def make_origin(body_size, vary=None, changing=False):
     """An origin whose answers are `body_size` bytes (max-age=600), one ETag
-    per path, Host and `vary` header value. Paths /h/SHAPE/TOTAL/NAME carry
+    per path, Host and `vary` header value (`changing`: a new body and ETag
+    at every request, no max-age). Paths /h/SHAPE/TOTAL/NAME carry
     TOTAL bytes of response headers: SHAPE `one` is one header line, `lines`
     lines of at most 7,600 bytes of value each."""
 
@@ -77,11 +84,14 @@ def make_origin(body_size, vary=None):
             parts = self.path.split("?", 1)[0].strip("/").split("/")
             tag = "%s|%s|%s" % (parts[-1], self.headers.get("Host", ""),
                                 self.headers.get(vary, "") if vary else "")
+            if changing:
+                tag += "|%d" % next(COUNTER)
             key = tag.encode()
             body = (key * (body_size // len(key) + 1))[:body_size]
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "max-age=600")
+            if not changing:
+                self.send_header("Cache-Control", "max-age=600")
             self.send_header("ETag", '"e%d"' % (hash(tag) & 0xFFFFFFFFFFFF))
             self.send_header("Content-Type", "application/octet-stream")
             if vary:
@@ -114,6 +124,9 @@ def make_origin(body_size, vary=None):
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     request_queue_size = 256
+
+    def handle_error(self, request, client_address):
+        pass  # a connection the proxy closed (a refused subscription's answer)
 
 
 # --- the proxy --------------------------------------------------------------
@@ -165,7 +178,8 @@ class Proxy:
         def metric(name):
             m = re.search(r"^braid_proxy_%s (\d+)" % name, text, re.M)
             return int(m.group(1)) if m else -1
-        return {k: metric(k) for k in ("state_bytes", "state_evictions_total", "state_refusals_total")}
+        return {k: metric(k) for k in ("state_bytes", "state_evictions_total", "state_refusals_total",
+                                       "subscriber_pending_bytes", "history_bytes")}
 
     def stop(self):
         self.proc.kill()
@@ -305,6 +319,40 @@ def subscribe_at_once(proxy, paths, statuses, held, sampler):
         sampler.sample()
 
 
+def load_churn(proxy, sampler, statuses, held, notes):
+    """300 subscribers, one per resource, read in a thread while the origin
+    gives every poll a new 200 KB body; 30 s of it, RSS sampled."""
+    for i in range(300):
+        try:
+            s = socket.create_connection((proxy.host, proxy.port), timeout=10)
+            s.sendall(b"GET /churn%d HTTP/1.1\r\nHost: docs.example\r\nSubscribe: true\r\n\r\n" % i)
+            statuses[status_line(s, 30)] += 1
+            s.setblocking(False)
+            held.append(s)
+        except OSError:
+            statuses["connect failed"] += 1
+    stop = time.time() + 30
+    received = 0
+    most = collections.Counter()
+    next_look = time.time() + 1
+    while time.time() < stop:
+        if time.time() >= next_look:
+            next_look += 1
+            for k, v in proxy.metrics().items():
+                most[k] = max(most[k], v)
+        ready, _, _ = select.select(held, [], [], 0.05)
+        for s in ready:
+            try:
+                received += len(s.recv(1 << 16))
+            except OSError:
+                pass
+        sampler.sample()
+    notes.append("received %.0f MiB in 30 s; during it, at most: state_bytes %.1f MiB, "
+                 "subscriber_pending_bytes %.1f MiB, history_bytes %.1f MiB" % (
+                     received / MIB, most["state_bytes"] / MIB,
+                     most["subscriber_pending_bytes"] / MIB, most["history_bytes"] / MIB))
+
+
 def load_burst(proxy, sampler, statuses, held, notes):
     subscribe_at_once(proxy, ["/burst%d" % i for i in range(100)], statuses, held, sampler)
 
@@ -370,8 +418,8 @@ def report(name, cap_mib, base, peak, end, settle, m, statuses, note=""):
     sys.stdout.flush()
 
 
-def run(binary, name, cap, body, vary, load, settle, note=""):
-    origin = make_origin(body, vary)
+def run(binary, name, cap, body, vary, load, settle, note="", changing=False):
+    origin = make_origin(body, vary, changing)
     proxy = Proxy(binary, "http://127.0.0.1:%d" % origin.server_address[1], cap)
     held = []
     try:
@@ -381,6 +429,7 @@ def run(binary, name, cap, body, vary, load, settle, note=""):
         statuses = collections.Counter()
         notes = []
         load(proxy, sampler, statuses, held, notes)
+        note = "; ".join(n for n in [note] + notes if n)
         end_at = time.time() + settle
         while time.time() < end_at:
             time.sleep(0.5)
@@ -412,7 +461,7 @@ def main():
         raise SystemExit(__doc__)
     binary = args[0]
     settle = int(args[1]) if len(args) > 1 else 12
-    names = ["urls", "hosts", "headers", "relay", "relayburst", "burst", "urls1m", "hosts1m", "vary1m", "vary3k", "vary6k"]
+    names = ["urls", "hosts", "headers", "relay", "relayburst", "burst", "churn", "urls1m", "hosts1m", "vary1m", "vary3k", "vary6k"]
     if only and not only <= set(names):
         raise SystemExit("unknown workload(s): %s; known: %s" % (
             ",".join(sorted(only - set(names))), ",".join(names)))
@@ -438,6 +487,8 @@ def main():
             load_relay(binary, settle, at_once=True)
         elif name == "burst":
             run(binary, name, "64MiB", MIB, None, load_burst, settle)
+        elif name == "churn":
+            run(binary, name, "64MiB", 200_000, None, load_churn, settle, changing=True)
         elif name == "urls1m":
             run(binary, name, "64MiB", MIB, None,
                 gets([("/u/%d" % i, "docs.example", []) for i in range(200)]), settle)
