@@ -111,6 +111,7 @@ impl Router {
             response_timeout: config.response_timeout,
             max_header_bytes: config.max_header_bytes,
             closing: closing_rx.clone(),
+            reading: Arc::default(),
         });
         let relays = Arc::new(Relays::new(
             client.clone(),
@@ -145,6 +146,8 @@ impl Router {
         registry.count_also(move || relayed.load(std::sync::atomic::Ordering::Relaxed));
         let in_flight = copies.clone();
         registry.count_also(move || in_flight.used());
+        let reading = watchers.reading.clone();
+        registry.count_also(move || reading.load(std::sync::atomic::Ordering::Relaxed));
         let multiplexers = Multiplexers::new(multiplex::Limits {
             max_multiplexers: config.max_multiplexers,
             max_requests: config.max_multiplexed_requests,

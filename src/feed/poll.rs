@@ -49,6 +49,9 @@ pub struct Watchers {
     pub response_timeout: Duration,
     /// Set when the proxy shuts down: every watcher ends.
     pub closing: tokio::sync::watch::Receiver<bool>,
+    /// Bytes of origin bodies (and written bodies) being read now,
+    /// counted against `--state-bytes` (the registry reads it).
+    pub reading: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Longest wait between attempts after repeated errors.
@@ -615,26 +618,64 @@ impl Watchers {
         changed
     }
 
-    /// Reads a body up to the limit, bounded in time by the response timeout.
+    /// Reads a body up to the limit, bounded in time by the response
+    /// timeout; what it has read so far counts against `--state-bytes`
+    /// ([`Watchers::reading`]) until the caller has it.
     pub(crate) async fn read_body(
         &self,
         body: crate::floor::body::RequestBody,
     ) -> Result<Bytes, BodyFailure> {
-        let limited = http_body_util::Limited::new(body, self.max_body_bytes);
-        match tokio::time::timeout(self.response_timeout, limited.collect()).await {
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e))
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some() =>
-            {
-                Err(BodyFailure::TooLarge)
+        let mut counted = Reading {
+            total: &self.reading,
+            bytes: 0,
+        };
+        let mut body = body;
+        let mut parts: Vec<Bytes> = Vec::new();
+        let read = async {
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| BodyFailure::Broken(e.to_string()))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if counted.bytes + data.len() > self.max_body_bytes {
+                    return Err(BodyFailure::TooLarge);
+                }
+                counted.add(data.len());
+                parts.push(data);
             }
-            Ok(Err(e)) => Err(BodyFailure::Broken(e.to_string())),
+            Ok(())
+        };
+        match tokio::time::timeout(self.response_timeout, read).await {
+            Ok(Ok(())) => Ok(match parts.len() {
+                1 => parts.pop().unwrap_or_default(),
+                _ => Bytes::from(parts.concat()),
+            }),
+            Ok(Err(failure)) => Err(failure),
             Err(_) => Err(BodyFailure::Broken(format!(
                 "body not received within {:?}",
                 self.response_timeout
             ))),
         }
+    }
+}
+
+/// The bytes of one body being read, counted in [`Watchers::reading`]
+/// until dropped.
+struct Reading<'a> {
+    total: &'a std::sync::atomic::AtomicUsize,
+    bytes: usize,
+}
+
+impl Reading<'_> {
+    fn add(&mut self, n: usize) {
+        self.bytes += n;
+        self.total.fetch_add(n, Relaxed);
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Relaxed);
     }
 }
 

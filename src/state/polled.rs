@@ -120,15 +120,8 @@ fn polled_step(
     };
     let (bytes, snapshot) = match update {
         Some(update) => (update, false),
-        None => {
-            let built = !head.has_snapshot();
-            let snapshot = head.snapshot();
-            if built && resource.head().seq == head.seq {
-                // A new copy held by the head: counted.
-                resource.reweigh();
-            }
-            (snapshot, true)
-        }
+        // Counted for as long as any copy of it lives (Head::snapshot).
+        None => (head.snapshot(), true),
     };
     Step::Write {
         bytes,
@@ -148,9 +141,17 @@ fn counted(bytes: Bytes, resource: &Resource) -> Bytes {
     if bytes.len() < COUNTED_CHUNK {
         return bytes;
     }
-    let held = resource.held();
-    held.fetch_add(bytes.len(), Relaxed);
-    Bytes::from_owner(Held { bytes, held })
+    held_bytes(bytes, &resource.held())
+}
+
+/// `bytes`, counted in `total` from now until its last copy is dropped:
+/// one count however many subscribers hold a copy.
+pub(super) fn held_bytes(bytes: Bytes, total: &Arc<AtomicUsize>) -> Bytes {
+    total.fetch_add(bytes.len(), Relaxed);
+    Bytes::from_owner(Held {
+        bytes,
+        held: total.clone(),
+    })
 }
 
 /// The owner of a counted chunk: uncounts it when the last copy goes.

@@ -36,6 +36,11 @@ pub struct Head {
     /// The encoded update from `seq - 1` to `seq`, shared by all subscribers.
     pub update: Option<Bytes>,
     snapshot: OnceLock<Bytes>,
+    /// The registry total its frames (update and snapshot) are counted in,
+    /// each for as long as any copy of it lives: a frame a slow subscriber
+    /// is still being written stays counted after the head is replaced
+    /// (`None` before the first state).
+    counter: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// When this head was published.
     pub at: Instant,
 }
@@ -49,6 +54,7 @@ impl Head {
             digest: String::new(),
             update: None,
             snapshot: OnceLock::new(),
+            counter: None,
             at: Instant::now(),
         }
     }
@@ -77,17 +83,22 @@ impl Head {
         self.snapshot.get().is_some()
     }
 
-    /// The whole state as one update, encoded once per head.
+    /// The whole state as one update, encoded once per head (and counted
+    /// while any copy of it lives, see [`Head::counter`]).
     pub fn snapshot(&self) -> Bytes {
         self.snapshot
             .get_or_init(|| {
-                braid::encode(&Update {
+                let encoded = braid::encode(&Update {
                     status: self.status(),
                     version: self.version.clone(),
                     parents: VersionList::default(),
                     body: braid::Body::Snapshot(self.body()),
                     extra_headers: self.snapshot_headers(),
-                })
+                });
+                match &self.counter {
+                    Some(total) => super::polled::held_bytes(encoded, total),
+                    None => encoded,
+                }
             })
             .clone()
     }
@@ -473,9 +484,10 @@ impl Resource {
     }
 
     /// Recounts this resource's bytes in the total: key, the request
-    /// headers its watcher sends, head body, the head's frames (its update
-    /// and, once built, its snapshot), the stored answer's headers, and its
-    /// body when it is not the head's.
+    /// headers its watcher sends, head body, the stored answer's headers,
+    /// and its body when it is not the head's. The head's frames (its
+    /// update and, once built, its snapshot) count themselves, for as long
+    /// as any copy lives ([`Head::counter`]).
     pub(crate) fn reweigh(&self) {
         let head = self.head();
         let head_body = head.body();
@@ -492,14 +504,12 @@ impl Resource {
             }
             None => 0,
         };
-        let frames =
-            head.update.as_ref().map_or(0, Bytes::len) + head.snapshot.get().map_or(0, Bytes::len);
+        // The head's frames count themselves (Head::counter).
         let weight = self.key.len()
             + lock(&self.placement).variant.0.len()
             + RESOURCE_OVERHEAD
             + header_bytes(&self.template)
             + head_body.len()
-            + frames
             + stored_len;
         if self.gone.load(Relaxed) {
             return;
@@ -796,6 +806,7 @@ impl Resource {
             digest,
             update: None,
             snapshot: OnceLock::new(),
+            counter: Some(self.total.clone()),
             at: Instant::now(),
         };
         let frame = match &patches {
@@ -817,7 +828,7 @@ impl Resource {
                 extra_headers: head.snapshot_headers(),
             })),
         };
-        head.update = frame;
+        head.update = frame.map(|f| super::polled::held_bytes(f, &self.total));
         self.remember(seq, &head.version, patches, history);
         Metrics::inc(&metrics.updates_published_total);
         self.head.send_replace(Arc::new(head));
@@ -964,6 +975,51 @@ pub enum Kind {
 mod tests {
     use super::*;
     use crate::state::repr_digest;
+
+    #[test]
+    fn a_frame_still_being_written_stays_counted_after_its_head_is_replaced() {
+        let total = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let key = Key {
+            path: "/doc".into(),
+            secondary: String::new(),
+            vary: Vary::default(),
+        };
+        let r = Resource::new(1, key, HeaderMap::new(), false, total.clone());
+        let (history, metrics) = (History::new(1 << 20, 16), Metrics::default());
+        let tuning = Tuning {
+            diff_timeout: Duration::from_millis(50),
+            snapshot_ratio: 0.9,
+        };
+        let present = |fill: u8| State::Present {
+            body: Bytes::from(vec![fill; 256 * 1024]),
+            content_type: None,
+            etag: None,
+            language: None,
+        };
+        let publish = |state| {
+            let recording = r.record(Ticket::take()).expect("newest");
+            assert!(recording.publish(Change::derived(state), &history, &tuning, &metrics));
+        };
+        publish(present(b'a'));
+        // A slow subscriber is being written the whole first state.
+        let being_written = r.head().snapshot();
+        let with_it = total.load(Relaxed);
+        assert!(with_it >= 2 * 256 * 1024, "body and snapshot: {with_it}");
+        // Two new versions replace it; every byte of each differs, so each
+        // update is a snapshot of its own.
+        publish(present(b'b'));
+        publish(present(b'c'));
+        let counted = total.load(Relaxed);
+        // The current body and its update, and the first snapshot the
+        // subscriber still holds.
+        assert!(counted >= 3 * 256 * 1024, "{counted}");
+        drop(being_written);
+        let after = total.load(Relaxed);
+        assert!(
+            counted - after >= 256 * 1024,
+            "the frame is uncounted once written: {counted} -> {after}"
+        );
+    }
 
     #[test]
     fn repr_digest_covers_the_bytes_sent() {
