@@ -503,3 +503,66 @@ fn workers_1_serves_subscriptions_and_writes_on_one_thread() {
     let _ = child.wait();
     assert_eq!(threads, 1, "--workers 1 runs the proxy on its main thread");
 }
+
+/// The Dockerfile's steps, checked as far as a machine that cannot pull
+/// images can: what it copies exists, the build stage installs make (for
+/// tikv-jemalloc-sys) and copies `.cargo/` (jemalloc's settings) before
+/// it builds, and the image starts with a configuration file rather than
+/// flags, so that `docker run IMAGE --listen ...` is not a flag given twice.
+#[test]
+fn the_dockerfile_copies_what_exists_and_starts_from_its_configuration() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text =
+        std::fs::read_to_string(root.join("examples/deploy/Dockerfile")).expect("Dockerfile");
+    let steps: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let position = |what: &str| {
+        steps
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no step with {what:?}"))
+    };
+    assert!(position("install -y --no-install-recommends make") < position("cargo build"));
+    assert!(position("COPY .cargo ./.cargo") < position("cargo build"));
+    let mut copied = std::collections::HashMap::new();
+    for step in steps
+        .iter()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from="))
+    {
+        let parts: Vec<&str> = step.split_whitespace().skip(1).collect();
+        let (to, from) = parts.split_last().expect("COPY source and destination");
+        for source in from {
+            assert!(
+                root.join(source).exists(),
+                "COPY {source}: not in the repository"
+            );
+            copied.insert(to.to_string(), source.to_string());
+        }
+    }
+    let entrypoint = steps
+        .iter()
+        .find(|l| l.starts_with("ENTRYPOINT"))
+        .expect("an ENTRYPOINT");
+    assert!(!entrypoint.contains("--listen"), "{entrypoint}");
+    let config = entrypoint
+        .split('"')
+        .skip_while(|w| *w != "--config")
+        .nth(2)
+        .expect("the ENTRYPOINT names --config FILE");
+    let source = copied
+        .get(config)
+        .unwrap_or_else(|| panic!("{config} is not copied into the image"));
+    let file = root.join(source).display().to_string();
+    let image =
+        Config::from_args(Args::parse_from(["braid-proxy", "--config", &file])).expect("loads");
+    assert_eq!(image.listen, "0.0.0.0:8080".parse().expect("addr"));
+    // A flag after the image name overrides the file.
+    let flagged = Args::parse_from(["braid-proxy", "--config", &file, "--listen", "127.0.0.1:9"]);
+    assert_eq!(
+        Config::from_args(flagged).expect("loads").listen,
+        "127.0.0.1:9".parse().expect("addr")
+    );
+}

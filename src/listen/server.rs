@@ -215,8 +215,10 @@ impl Server {
 }
 
 /// How long a new connection past the last quarter of the reserve waits
-/// for the idle connections being closed to give their descriptors back.
-const ROOM_WAIT: Duration = Duration::from_millis(200);
+/// for the idle connections being closed to give their descriptors back
+/// (their tasks must run to close them: on a busy machine 200 ms was
+/// seen not to be enough).
+const ROOM_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether the descriptors open fall below the last quarter of the
 /// reserve within [`ROOM_WAIT`] (looked at every 5 ms). The connection
