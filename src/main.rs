@@ -172,10 +172,7 @@ async fn run(
     // A TLS file that does not load is its own error (naming the file).
     let server = Server::bind(config.clone())
         .await
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidInput => e.to_string(),
-            _ => format!("cannot listen on {}: {e}", config.listen),
-        })?;
+        .map_err(|e| e.to_string())?;
     let addr = server.local_addr()?;
     let admin = server.admin_addr();
     // TLS hook (issue 47): a TLS listener is named with https.

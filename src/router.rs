@@ -291,7 +291,11 @@ impl Router {
     /// 404) is the upstream answering, never a reason.
     pub fn readiness(&self) -> Result<(), String> {
         if let Some(reason) = self.inner.client.health.down() {
-            return Err(format!("upstream unreachable: {reason}"));
+            // Said once: a failure recorded from a refusal names the upstream already.
+            return Err(match reason.starts_with("upstream ") {
+                true => reason,
+                false => format!("upstream unreachable: {reason}"),
+            });
         }
         let limit = crate::state::unheard_limit(self.inner.config.poll_ceiling());
         let stuck = self

@@ -566,3 +566,44 @@ fn the_dockerfile_copies_what_exists_and_starts_from_its_configuration() {
         "127.0.0.1:9".parse().expect("addr")
     );
 }
+
+/// A listener that cannot bind is named with its own address and flag:
+/// an admin port in use is not reported as the client port.
+#[test]
+fn a_busy_admin_port_is_named_as_the_admin_listener() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = busy.local_addr().expect("addr").to_string();
+    let refused = Command::new(env!("CARGO_BIN_EXE_braid-proxy"))
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", &taken])
+        .output()
+        .expect("run the binary");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on {taken} (--admin-listen)")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("127.0.0.1:0"),
+        "the client port is not blamed: {stderr}"
+    );
+    drop(busy);
+}
+
+/// `/readyz` says once what failed (it said "upstream unreachable:
+/// upstream unreachable: ...").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_a_dead_upstream_once() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let (proxy, admin) = common::proxy_for(closed, |_| {}).await;
+    let failed = common::get(proxy, "/doc", &[]).await;
+    assert_eq!(failed.status(), 502);
+    let ready = common::get(admin, "/readyz", &[]).await;
+    assert_eq!(ready.status(), 503);
+    let text = String::from_utf8_lossy(&common::body_of(ready).await).into_owned();
+    assert_eq!(text.matches("unreachable").count(), 1, "{text}");
+    assert_eq!(text.matches("upstream").count(), 1, "{text}");
+}

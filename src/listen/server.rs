@@ -62,12 +62,25 @@ impl Server {
             crate::tls::client::UpstreamTls::from_config(upstream, &config)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         }
-        let listener = TcpListener::bind(config.listen).await?;
+        // Each listener's failure names its address (an admin port in use
+        // is not the client port's fault).
+        let cannot = |addr: std::net::SocketAddr, what: &'static str| {
+            move |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("cannot listen on {addr} ({what}): {e}"))
+            }
+        };
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(cannot(config.listen, "--listen"))?;
         if config.proxy_id.is_empty() {
             config.proxy_id = crate::config::default_proxy_id(listener.local_addr()?.port());
         }
         let admin = match config.admin_listen {
-            Some(addr) => Some(TcpListener::bind(addr).await?),
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(cannot(addr, "--admin-listen"))?,
+            ),
             None => None,
         };
         Ok(Server {
