@@ -279,6 +279,25 @@ impl Router {
             "# HELP braid_proxy_polls_delayed_total Watcher requests that waited for a slot of --origin-rps or for an origin's Retry-After.\n# TYPE braid_proxy_polls_delayed_total counter\nbraid_proxy_polls_delayed_total {delayed}\n# HELP braid_proxy_origin_paused_seconds Seconds left of the pause an origin's Retry-After asked of every watcher.\n# TYPE braid_proxy_origin_paused_seconds gauge\nbraid_proxy_origin_paused_seconds {}",
             budget.paused_for().map_or(0.0, |d| d.as_secs_f64())
         );
+        // The process as a whole, under the names Prometheus's own clients
+        // use, and what build this is.
+        if let Some(rss) = resident_bytes() {
+            let _ = writeln!(
+                out,
+                "# HELP process_resident_memory_bytes Resident memory of the proxy's process (VmRSS).\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {rss}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP process_open_fds Descriptors the process has open.\n# TYPE process_open_fds gauge\nprocess_open_fds {}\n# HELP process_max_fds The process's descriptor limit.\n# TYPE process_max_fds gauge\nprocess_max_fds {}",
+            files.count(),
+            files.limit()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP braid_proxy_build_info The running build: its version.\n# TYPE braid_proxy_build_info gauge\nbraid_proxy_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
         self.inner.purges.render_metrics(&mut out);
         out
     }
@@ -879,6 +898,15 @@ fn first_state_bytes(headers: &http::HeaderMap, max_body_bytes: usize) -> usize 
 
 /// The body length reserved for a first state whose length is not declared.
 const UNKNOWN_BODY_BYTES: usize = 256 * 1024;
+
+/// The process's resident memory in bytes (`VmRSS` of /proc/self/status),
+/// where the system tells it.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
 
 /// A client's address as `SocketAddr` displays it; an IPv4 one written
 /// in one piece, without the formatter's padding logic (it runs for every

@@ -607,3 +607,26 @@ async fn readyz_names_a_dead_upstream_once() {
     assert_eq!(text.matches("unreachable").count(), 1, "{text}");
     assert_eq!(text.matches("upstream").count(), 1, "{text}");
 }
+
+/// `/metrics` has the process's resident memory and descriptors under the
+/// names Prometheus's clients use, and the build's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_name_the_process_and_the_build() {
+    let origin = common::serve(|_| Response::new(http_body_util::Full::new(Bytes::new()))).await;
+    let (_, admin) = common::proxy_for(origin, |_| {}).await;
+    let text = common::body_of(common::get(admin, "/metrics", &[]).await).await;
+    let text = String::from_utf8_lossy(&text).into_owned();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") >= 3.0);
+    assert!(value("process_max_fds") >= value("process_open_fds"));
+    let build = format!(
+        "braid_proxy_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(value(&build), 1.0);
+}
