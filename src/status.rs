@@ -112,6 +112,11 @@ pub struct Gauge {
 pub struct ResourceStatus {
     /// The path, and the query's names with their values hidden.
     pub path: String,
+    /// Which variant of the URL it is, in words: the host, each `Vary`'d
+    /// header with its value (a short digest in place of a credential's
+    /// or a cookie's, or of a long value), and `credentials` when keyed by
+    /// one. Empty for a relayed session.
+    pub variant: String,
     /// `poll` (a plain origin, polled and diffed), `braid` (an upstream
     /// subscription relayed) or `unknown` (no answer has told yet).
     pub feed: &'static str,
@@ -342,6 +347,7 @@ fn polled(from: &Sources<'_>, config: &Config) -> (Vec<ResourceStatus>, usize) {
             };
             ResourceStatus {
                 path: redact_query(r.key()),
+                variant: variant_label(&r.variant()),
                 feed: match r.kind() {
                     Kind::Plain => "poll",
                     Kind::Braid => "braid",
@@ -376,6 +382,7 @@ fn relayed(relays: &Relays) -> Vec<ResourceStatus> {
             };
             ResourceStatus {
                 path: redact_query(&s.path),
+                variant: String::new(),
                 feed: "braid",
                 private: s.private,
                 version: s.version.map(|v| v.to_header_value()),
@@ -389,9 +396,64 @@ fn relayed(relays: &Relays) -> Vec<ResourceStatus> {
         .collect()
 }
 
+/// Headers whose values are never shown (a digest stands for them).
+const HIDDEN: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+
+/// Longest `Vary`'d value shown as it is.
+const SHOWN_VALUE: usize = 40;
+
+/// A resource's secondary key ([`crate::floor::rules::secondary_key`]:
+/// the host, then a `name:value` line per `Vary`'d header, then
+/// `credentials:<digest>`) as `/status` shows it.
+fn variant_label(secondary: &str) -> String {
+    let mut lines = secondary.split('\n');
+    let host = lines.next().unwrap_or_default();
+    let mut out = if host.is_empty() {
+        String::new()
+    } else {
+        format!("host {host}")
+    };
+    for line in lines {
+        let (name, value) = line.split_once(':').unwrap_or((line, ""));
+        let shown = if name == "credentials" {
+            "credentials".to_string()
+        } else if HIDDEN.contains(&name) || value.len() > SHOWN_VALUE {
+            let digest = crate::state::repr_digest(value.as_bytes());
+            let short: String = digest.chars().skip("sha-256=:".len()).take(8).collect();
+            format!("{name} #{short}")
+        } else if value.is_empty() {
+            format!("{name} (none)")
+        } else {
+            format!("{name} {value}")
+        };
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&shown);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::redact_query;
+    use super::{redact_query, variant_label};
+
+    #[test]
+    fn variants_are_told_apart_without_showing_credentials() {
+        assert_eq!(variant_label("docs.example"), "host docs.example");
+        assert_eq!(
+            variant_label("docs.example\nx-tenant:a\naccept-language:"),
+            "host docs.example, x-tenant a, accept-language (none)"
+        );
+        let secret = variant_label("h\ncookie:session=s3cr3t\ncredentials:abcdef");
+        assert!(
+            !secret.contains("s3cr3t") && !secret.contains("abcdef"),
+            "{secret}"
+        );
+        assert!(secret.starts_with("host h, cookie #") && secret.ends_with(", credentials"));
+        let long = "v".repeat(100);
+        assert!(!variant_label(&format!("h\nx-long:{long}")).contains(&long));
+    }
 
     #[test]
     fn query_values_are_hidden() {

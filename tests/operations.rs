@@ -630,3 +630,42 @@ async fn metrics_name_the_process_and_the_build() {
     );
     assert_eq!(value(&build), 1.0);
 }
+
+/// `/status` tells the variants of one URL apart: two `Vary`'d tenants of
+/// `/doc` are two rows, each naming its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_each_variant() {
+    let origin = common::serve(|req| {
+        let tenant = req
+            .headers()
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string();
+        Response::builder()
+            .header("vary", "X-Tenant")
+            .header("cache-control", "max-age=60")
+            .header("etag", format!("\"{tenant}\""))
+            .body(http_body_util::Full::new(Bytes::from(tenant)))
+            .expect("response")
+    })
+    .await;
+    let (proxy, admin) = common::proxy_for(origin, |_| {}).await;
+    for tenant in ["a", "b"] {
+        let answer = common::get(proxy, "/doc", &[("x-tenant", tenant)]).await;
+        assert_eq!(common::body_of(answer).await, Bytes::from(tenant));
+    }
+    let status = common::body_of(common::get(admin, "/status", &[]).await).await;
+    let status: serde_json::Value = serde_json::from_slice(&status).expect("json");
+    let mut variants: Vec<String> = status["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter(|r| r["path"] == "/doc")
+        .map(|r| r["variant"].as_str().expect("a variant").to_string())
+        .collect();
+    variants.sort();
+    assert_eq!(variants.len(), 2, "{status}");
+    assert!(variants[0].ends_with("x-tenant a"), "{variants:?}");
+    assert!(variants[1].ends_with("x-tenant b"), "{variants:?}");
+}

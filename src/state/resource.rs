@@ -587,6 +587,12 @@ impl Resource {
         self.detached.load(Relaxed)
     }
 
+    /// The variant within its URL: the secondary key (host, the values of
+    /// the request headers its `Vary` names, a credential's digest).
+    pub fn variant(&self) -> String {
+        lock(&self.placement).variant.0.clone()
+    }
+
     /// The `Vary` its key was computed under.
     pub fn vary(&self) -> Vary {
         lock(&self.placement).variant.1.clone()
