@@ -458,14 +458,29 @@ impl Router {
             .extensions()
             .get::<CachePhase>()
             .map_or("-", CachePhase::name);
-        info!(
-            target: "access",
-            peer = %Peer(conn.peer),
-            cache = %cache,
-            "{method} {target} {version:?} {} {}ms",
-            response.status().as_u16(),
-            Tenths(started.elapsed())
-        );
+        let (status, took) = (response.status().as_u16(), Tenths(started.elapsed()));
+        if self.inner.config.log_format == crate::config::LogFormat::Json {
+            // Each part its own field, for whatever reads the JSON; the
+            // message as the text line has it.
+            info!(
+                target: "access",
+                method = %method,
+                path = target,
+                version = ?version,
+                status,
+                duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,
+                peer = %Peer(conn.peer),
+                cache = %cache,
+                "{method} {target} {version:?} {status} {took}ms"
+            );
+        } else {
+            info!(
+                target: "access",
+                peer = %Peer(conn.peer),
+                cache = %cache,
+                "{method} {target} {version:?} {status} {took}ms"
+            );
+        }
         response
     }
 

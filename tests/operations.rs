@@ -395,6 +395,19 @@ fn json_logs_are_one_object_per_line_on_stdout_and_stderr() {
         access["level"].is_string() && access["timestamp"].is_string(),
         "{access}"
     );
+    // Each part of the line is a field of its own.
+    let fields = access;
+    assert_eq!(fields["method"], "GET", "{access}");
+    assert_eq!(fields["path"], "/notes.txt", "{access}");
+    assert_eq!(fields["status"], 200, "{access}");
+    assert!(fields["duration_ms"].is_number(), "{access}");
+    assert!(
+        fields["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("127.0.0.1:")),
+        "{access}"
+    );
+    assert!(fields["cache"].is_string(), "{access}");
     assert!(
         stderr.iter().any(|v| v["message"]
             .as_str()
