@@ -282,6 +282,18 @@ impl Connections {
     /// most [`MAX_RECLAIMED`]. Returns how many were chosen now. Each ends in its own task (a graceful shutdown: GOAWAY for
     /// HTTP/2, a close for an HTTP/1.1 connection between requests).
     pub fn reclaim(&self, wanted: usize) -> usize {
+        self.reclaim_with(wanted, true)
+    }
+
+    /// [`Connections::reclaim`] that scans even within [`EMPTY_SCAN_PAUSE`]
+    /// of a scan that found none: for a new connection that is refused
+    /// unless some idle one closes (a burst of busy ones may have just
+    /// gone idle).
+    pub fn reclaim_now(&self, wanted: usize) -> usize {
+        self.reclaim_with(wanted, false)
+    }
+
+    fn reclaim_with(&self, wanted: usize, pause: bool) -> usize {
         let needed = wanted
             .saturating_sub(self.closing.load(Relaxed))
             .min(MAX_RECLAIMED);
@@ -289,7 +301,8 @@ impl Connections {
             return 0;
         }
         let found_none = self.found_none.load(Relaxed);
-        if found_none != 0
+        if pause
+            && found_none != 0
             && now_ms().saturating_sub(found_none) < EMPTY_SCAN_PAUSE.as_millis() as u64
         {
             return 0;
@@ -364,6 +377,21 @@ mod tests {
         assert!(!busy.streams().reclaimed.load(Relaxed));
         assert!(!fresh.streams().reclaimed.load(Relaxed));
         assert_eq!(connections.closing(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_about_to_be_refused_scans_even_right_after_an_empty_scan() {
+        let connections = Arc::new(Connections::default());
+        let busy = connections.list();
+        let request = busy.streams().open();
+        // All busy: the scan finds none, and the next ones pause.
+        assert_eq!(connections.reclaim(1), 0);
+        // The request ends: the connection is idle (it served one).
+        drop(request);
+        assert_eq!(connections.reclaim(1), 0, "within the pause");
+        // A new connection that would be refused does not wait for it.
+        assert_eq!(connections.reclaim_now(1), 1);
+        assert!(busy.streams().reclaimed.load(Relaxed));
     }
 
     #[tokio::test]

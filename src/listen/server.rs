@@ -173,7 +173,11 @@ impl Server {
                         // connection there waits a moment for the idle
                         // ones being closed, or is closed itself.
                         if !files.admits_connection() {
-                            if connections.closing() == 0 {
+                            // Refused only when no idle connection is
+                            // closing, nor can be closed now.
+                            if connections.closing() == 0
+                                && connections.reclaim_now(crate::listen::idle::MAX_RECLAIMED) == 0
+                            {
                                 refusals.refused(files.estimate(), files.limit());
                                 continue;
                             }
@@ -846,7 +850,10 @@ where
             None => std::future::pending().await,
         }
     };
-    let why = tokio::select! {
+    // Why it closes, and how long its graceful close may take (an HTTP/2
+    // one waits for the client's answer to a PING): unbounded on shutdown
+    // (the drain has its own bound), short when its descriptor is wanted.
+    let (why, bound) = tokio::select! {
         result = conn.as_mut() => return result,
         _ = first_request => {
             debug!(%peer, "h2c connection sent no request in time");
@@ -856,15 +863,31 @@ where
             if ends.first_request.is_some() && !streams.served() {
                 return Ok(());
             }
-            "shutdown"
+            ("shutdown", None)
         }
-        _ = streams.reclaimed() => "too few open files left: the idlest connections close",
-        _ = idle => "no stream open for --h2-idle-timeout",
+        _ = streams.reclaimed() => (
+            "too few open files left: the idlest connections close",
+            Some(RECLAIM_CLOSE),
+        ),
+        _ = idle => ("no stream open for --h2-idle-timeout", Some(IDLE_CLOSE)),
     };
     debug!(%peer, why, "closing the connection gracefully");
     conn.as_mut().graceful_shutdown();
-    conn.await
+    match bound {
+        None => conn.await,
+        // Past the bound the connection is dropped, and its socket closed.
+        Some(bound) => tokio::time::timeout(bound, conn).await.unwrap_or(Ok(())),
+    }
 }
+
+/// How long an idle connection closed to free its descriptor may take to
+/// close gracefully (GOAWAY, then a PING the client must answer) before
+/// its socket is closed anyway: a client slow to answer must not keep the
+/// descriptor a new connection waits for ([`ROOM_WAIT`]).
+const RECLAIM_CLOSE: Duration = Duration::from_millis(100);
+
+/// The same for a connection closed by `--h2-idle-timeout`.
+const IDLE_CLOSE: Duration = Duration::from_secs(1);
 
 /// What the service of a connection returns for one request.
 type Answer = std::pin::Pin<
