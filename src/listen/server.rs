@@ -233,8 +233,8 @@ impl Server {
 
 /// How long a new connection past the last quarter of the reserve waits
 /// for the idle connections being closed to give their descriptors back
-/// (their tasks must run to close them: on a busy machine 200 ms was
-/// seen not to be enough).
+/// (their tasks must run to close them, and a graceful HTTP/2 close is
+/// cut at [`RECLAIM_CLOSE`]).
 const ROOM_WAIT: Duration = Duration::from_secs(1);
 
 /// Whether the descriptors open fall below the last quarter of the
