@@ -711,7 +711,8 @@ impl Config {
 pub fn sample_toml() -> String {
     let mut out = String::from(
         "# braid-proxy configuration: every key, with its default unless noted.\n\
-         # Each key is a flag's name without the dashes; flags override this file.\n\
+         # Each key is a flag's name without its two leading dashes; flags override\n\
+         # this file.\n\
          # Durations: 250ms, 1s, 2m, 1h or seconds; sizes: 512, 64KiB, 16MiB, 1GiB.\n\
          # Start with: braid-proxy --config /etc/braid-proxy/braid-proxy.toml\n\
          # Generated from the declarations in src/config.rs (`cargo test` checks it).\n",
@@ -733,6 +734,38 @@ pub fn sample_toml() -> String {
         let value = toml_literal(doc.sample.unwrap_or(doc.default));
         let hash = if doc.commented { "# " } else { "" };
         out.push_str(&format!("{hash}{} = {value}\n", doc.key));
+    }
+    out
+}
+
+/// The flag reference (docs/flags.md): every key, in its section, with its
+/// value, default and help, from the same declarations as `--help` and the
+/// sample configuration (`cargo test` checks that the file is current).
+pub fn flags_markdown() -> String {
+    let mut out = String::from(
+        "# Every flag\n\n\
+         Generated from the declarations in `src/config.rs` (`declare_keys!`), as \
+         `--help` and `examples/deploy/braid-proxy.toml` are; `cargo test` checks that \
+         this file is current (regenerate it with `BRAID_PROXY_WRITE_SAMPLE=1 cargo test \
+         --test operations generated`). Each flag is also a key of the `--config` file: \
+         its name without the two leading dashes. Durations take `250ms`, `1s`, `2m`, \
+         `1h` or a number of seconds; sizes `512`, `64KiB`, `16MiB`, `1GiB`. The guide \
+         is [configuration.md](configuration.md).\n",
+    );
+    let mut section = "";
+    for doc in KEY_DOCS {
+        if doc.section != section {
+            section = doc.section;
+            out.push_str(&format!(
+                "\n## {section}\n\n| flag | default | meaning |\n|---|---|---|\n"
+            ));
+        }
+        out.push_str(&format!(
+            "| `--{}` | `{}` | {} |\n",
+            doc.key,
+            doc.default.replace('|', "\\|"),
+            doc.help.replace('|', "\\|")
+        ));
     }
     out
 }

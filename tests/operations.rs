@@ -280,6 +280,27 @@ fn the_sample_configuration_names_every_key_and_parses() {
 }
 
 #[test]
+fn the_flag_reference_is_generated_from_the_declarations() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/flags.md");
+    let generated = braid_proxy::config::flags_markdown();
+    if std::env::var_os("BRAID_PROXY_WRITE_SAMPLE").is_some() {
+        std::fs::write(&path, &generated).expect("write the reference");
+    }
+    let text = std::fs::read_to_string(&path).expect("docs/flags.md");
+    assert!(
+        text == generated,
+        "docs/flags.md differs from config::flags_markdown(); regenerate it with \
+         BRAID_PROXY_WRITE_SAMPLE=1 cargo test --test operations generated"
+    );
+    for key in braid_proxy::config::KEYS {
+        assert!(
+            text.contains(&format!("| `--{key}` |")),
+            "--{key} is not listed"
+        );
+    }
+}
+
+#[test]
 fn the_sample_configuration_is_generated_from_the_declarations() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/deploy/braid-proxy.toml");

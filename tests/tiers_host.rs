@@ -209,7 +209,7 @@ async fn each_tenants_subscription_follows_its_own_view_through_two_tiers() {
 async fn each_tenant_gets_its_own_answer_through_three_tiers() {
     let origin = Origin::start().await;
     let first = tier("first", origin.addr, |_| {}).await;
-    // Subscriptions between tiers over h2c, as deployed (README).
+    // Subscriptions between tiers over h2c, as deployed (docs/tiers.md).
     let edge = tier("edge", first, |c| c.upstream_h2c = true).await;
     let third = tier("third", edge, |c| c.upstream_h2c = true).await;
     for host in [TENANT_A, TENANT_B] {

@@ -11,7 +11,7 @@
 //! The system's roots come from rustls-native-certs: the store the
 //! operating system keeps (`/etc/ssl/certs` on Debian, updated with its
 //! `ca-certificates` package, and where a site adds its own CAs), read
-//! once at start (README, "Dependencies").
+//! once at start (docs/design.md, "Dependencies").
 
 use std::future::Future;
 use std::io;

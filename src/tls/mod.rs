@@ -24,7 +24,7 @@ pub use server::ServerTls;
 
 /// The cryptography of every TLS session of the proxy, both sides:
 /// aws-lc-rs, whose key exchange includes the post-quantum hybrid
-/// X25519MLKEM768 that browsers offer (README, "Dependencies").
+/// X25519MLKEM768 that browsers offer (docs/design.md, "Dependencies").
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
