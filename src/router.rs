@@ -273,7 +273,7 @@ impl Router {
             "Per polled subscribed resource: its watcher's interval now (--poll-interval after a change, doubling while quiet up to --poll-max-interval).",
         );
         let budget = &self.inner.watchers.budget;
-        let (_, delayed) = budget.counts();
+        let delayed = budget.delayed();
         let _ = writeln!(
             out,
             "# HELP braid_proxy_polls_delayed_total Watcher requests that waited for a slot of --origin-rps or for an origin's Retry-After.\n# TYPE braid_proxy_polls_delayed_total counter\nbraid_proxy_polls_delayed_total {delayed}\n# HELP braid_proxy_origin_paused_seconds Seconds left of the pause an origin's Retry-After asked of every watcher.\n# TYPE braid_proxy_origin_paused_seconds gauge\nbraid_proxy_origin_paused_seconds {}",
@@ -310,11 +310,8 @@ impl Router {
     /// 404) is the upstream answering, never a reason.
     pub fn readiness(&self) -> Result<(), String> {
         if let Some(reason) = self.inner.client.health.down() {
-            // Said once: a failure recorded from a refusal names the upstream already.
-            return Err(match reason.starts_with("upstream ") {
-                true => reason,
-                false => format!("upstream unreachable: {reason}"),
-            });
+            // Every recorded failure says what failed (UpstreamHealth::failed).
+            return Err(reason);
         }
         let limit = crate::state::unheard_limit(self.inner.config.poll_ceiling());
         let stuck = self
@@ -458,7 +455,8 @@ impl Router {
             .extensions()
             .get::<CachePhase>()
             .map_or("-", CachePhase::name);
-        let (status, took) = (response.status().as_u16(), Tenths(started.elapsed()));
+        let elapsed = started.elapsed();
+        let (status, took) = (response.status().as_u16(), Tenths(elapsed));
         if self.inner.config.log_format == crate::config::LogFormat::Json {
             // Each part its own field, for whatever reads the JSON; the
             // message as the text line has it.
@@ -468,7 +466,7 @@ impl Router {
                 path = target,
                 version = ?version,
                 status,
-                duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0,
+                duration_ms = (elapsed.as_secs_f64() * 10_000.0).round() / 10.0,
                 peer = %Peer(conn.peer),
                 cache = %cache,
                 "{method} {target} {version:?} {status} {took}ms"
@@ -885,9 +883,9 @@ fn counted_in_full(resource: &Resource, reservation: Option<crate::state::Reserv
         return;
     };
     let head = resource.head();
-    if head.seq > 0 && !head.has_snapshot() {
+    if head.seq > 0 {
+        // Built once per head, and counted from then on (Head::snapshot).
         head.snapshot();
-        resource.reweigh();
     }
     drop(reservation);
 }

@@ -151,8 +151,10 @@ impl UpstreamHealth {
         state.last_ok = Some(std::time::Instant::now());
     }
 
-    /// Records a failure. It is logged once when the upstream goes from
-    /// answering to failing (or the reason changes), not on every attempt.
+    /// Records a failure, `reason` a whole sentence naming the upstream
+    /// (`/readyz` and `/status` show it as it is). It is logged once when
+    /// the upstream goes from answering to failing (or the reason
+    /// changes), not on every attempt.
     pub fn failed(&self, reason: String) {
         let mut state = self.lock();
         let was_down = match (&state.last_failure, state.last_ok) {
@@ -246,20 +248,20 @@ impl UpstreamClient {
         let uri = match self.uri_for("/") {
             Ok(uri) => uri,
             Err(e) => {
-                return self
-                    .health
-                    .failed(format!("no address for {target}: {e:?}"))
+                return self.health.failed(format!(
+                    "upstream unreachable: no address for {target}: {e:?}"
+                ))
             }
         };
         let mut prober = self.prober.clone();
         match tokio::time::timeout(timeout, prober.call(uri)).await {
             Ok(Ok(_)) => self.health.ok(),
-            Ok(Err(e)) => self
-                .health
-                .failed(format!("cannot connect to {target}: {e}")),
-            Err(_) => self
-                .health
-                .failed(format!("no connection to {target} within {timeout:?}")),
+            Ok(Err(e)) => self.health.failed(format!(
+                "upstream unreachable: cannot connect to {target}: {e}"
+            )),
+            Err(_) => self.health.failed(format!(
+                "upstream unreachable: no connection to {target} within {timeout:?}"
+            )),
         }
     }
 

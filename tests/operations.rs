@@ -670,12 +670,7 @@ async fn metrics_name_the_process_and_the_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_names_each_variant() {
     let origin = common::serve(|req| {
-        let tenant = req
-            .headers()
-            .get("x-tenant")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-")
-            .to_string();
+        let tenant = common::header_text(req.headers(), "x-tenant").unwrap_or("-".into());
         Response::builder()
             .header("vary", "X-Tenant")
             .header("cache-control", "max-age=60")

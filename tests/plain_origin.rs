@@ -241,12 +241,7 @@ impl LyingOrigin {
     async fn start(&self) -> SocketAddr {
         let me = self.clone();
         common::serve(move |req| {
-            let tenant = req
-                .headers()
-                .get("x-tenant")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-")
-                .to_string();
+            let tenant = common::header_text(req.headers(), "x-tenant").unwrap_or("-".into());
             let builder = Response::builder()
                 .header("etag", "\"always\"")
                 .header("vary", "X-Tenant")
@@ -539,6 +534,47 @@ async fn the_first_heartbeat_comes_within_the_interval() {
         beats
     );
     assert!(beats[0] >= Duration::from_millis(900), "{beats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_follows_an_update_delivered_directly_within_the_interval() {
+    let origin = Origin::default();
+    origin.set("/doc", "before\n");
+    let addr = origin.start().await;
+    let (proxy, admin) = common::proxy_for(addr, |_| {}).await;
+    let (mut stream, mut seen) = subscribe(proxy, "/doc", &[("Heartbeats", "2s")]).await;
+    read_until(&mut stream, &mut seen, |t| {
+        t.contains("before\n\r\n\r\n\r\n")
+    })
+    .await;
+    // Parked by now: the update is written by the sweep, not the cursor.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    origin.set("/doc", "after\n");
+    let answer = common::request(admin, "POST", "/refresh?path=/doc", &[]).await;
+    assert_eq!(answer.status(), 202);
+    read_until(&mut stream, &mut seen, |t| {
+        t.matches("Version: ").count() >= 2
+    })
+    .await;
+    read_until(&mut stream, &mut seen, |t| t.ends_with("\r\n\r\n\r\n")).await;
+    let updated = Instant::now();
+    // The next bytes are a heartbeat, within the interval of the update.
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 64];
+    while rest.len() < 7 {
+        let n = tokio::time::timeout(Duration::from_secs(6), stream.read(&mut buf))
+            .await
+            .expect("a heartbeat within 6 s")
+            .expect("read");
+        assert!(n > 0, "closed");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    let silence = updated.elapsed();
+    assert_eq!(&rest[..7], b"2\r\n\r\n\r\n", "a heartbeat");
+    assert!(
+        silence <= Duration::from_millis(2500),
+        "{silence:?} of silence after an update, for Heartbeats: 2s"
+    );
 }
 
 /// Counts an origin's requests, all paths together, from a point on.

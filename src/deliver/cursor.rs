@@ -97,9 +97,10 @@ impl<T: Send + Sync + 'static> Cursor<T> {
             }
             let advanced = self.link.at.load(Acquire);
             if advanced != NONE && (self.at == NONE || advanced > self.at) {
-                // Direct delivery wrote meanwhile: a heartbeat is due later.
+                // Direct delivery wrote meanwhile. When is not known here,
+                // so the heartbeat stays due where it was: at worst one
+                // comes soon after an update, never later than the interval.
                 self.at = advanced;
-                self.wrote();
             }
             let (step, over) = self.window.step_now(self.at)?;
             match step {

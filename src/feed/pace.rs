@@ -103,9 +103,8 @@ pub struct Budget {
     /// One lock: each request takes the next slot and moves it on, and
     /// reads the pause; held for a few instructions, never across a wait.
     slots: Mutex<Slots>,
-    /// Requests the watchers sent, for the rate on `/status`.
-    sent: AtomicU64,
-    /// Requests that waited for a slot.
+    /// Requests that waited for a slot (the requests sent are counted in
+    /// `Metrics::polls_total`).
     delayed: AtomicU64,
 }
 
@@ -138,7 +137,6 @@ impl Budget {
                 next: Instant::now(),
                 paused_until: None,
             }),
-            sent: AtomicU64::new(0),
             delayed: AtomicU64::new(0),
         }
     }
@@ -169,7 +167,6 @@ impl Budget {
         if waited {
             self.delayed.fetch_add(1, Relaxed);
         }
-        self.sent.fetch_add(1, Relaxed);
     }
 
     fn take(&self, urgent: bool, offset: Duration, now: Instant) -> Turn {
@@ -212,14 +209,9 @@ impl Budget {
         until.checked_duration_since(Instant::now())
     }
 
-    /// Requests the watchers sent, and how many of them waited for the budget.
-    pub fn counts(&self) -> (u64, u64) {
-        (self.sent.load(Relaxed), self.delayed.load(Relaxed))
-    }
-
-    /// The budget in requests a second, if one is set.
-    pub fn rps(&self) -> Option<f64> {
-        self.gap.map(|g| 1.0 / g.as_secs_f64())
+    /// Requests that waited for a slot or for the origin's pause.
+    pub fn delayed(&self) -> u64 {
+        self.delayed.load(Relaxed)
     }
 }
 

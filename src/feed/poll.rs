@@ -115,7 +115,7 @@ impl Watchers {
                 }
                 w.turn += 1;
                 let (heard, sent_at) = self.poll_once(&mut w).await;
-                w.resource.validated(heard.answered().then_some(sent_at));
+                w.resource.validated(sent_at.filter(|_| heard.answered()));
                 poll_backoff = match heard {
                     Heard::Changed => {
                         w.cadence.reset();
@@ -295,18 +295,17 @@ impl Watchers {
     }
 
     /// One poll; publishes what changed. What it heard, and when its
-    /// request was sent.
-    async fn poll_once(&self, w: &mut Watch) -> (Heard, SystemTime) {
-        let started = SystemTime::now();
+    /// request was sent (`None`: it could not be).
+    async fn poll_once(&self, w: &mut Watch) -> (Heard, Option<SystemTime>) {
         match self.send(w).await {
             Ok((response, sent)) => {
                 let at = sent.0;
-                (self.absorb_plain(w, response, sent).await, at)
+                (self.absorb_plain(w, response, sent).await, Some(at))
             }
             Err(reason) => {
                 // Logged once, where the failure enters: UpstreamHealth.
                 debug!(resource = w.resource.key(), %reason, "poll failed");
-                (Heard::Nothing, started)
+                (Heard::Nothing, None)
             }
         }
     }

@@ -78,11 +78,6 @@ impl Head {
         }
     }
 
-    /// Whether [`Head::snapshot`] was built (and is held).
-    pub fn has_snapshot(&self) -> bool {
-        self.snapshot.get().is_some()
-    }
-
     /// The whole state as one update, encoded once per head (and counted
     /// while any copy of it lives, see [`Head::counter`]).
     pub fn snapshot(&self) -> Bytes {
